@@ -1,0 +1,76 @@
+"""The job function every executor runs: train (untrusted) then hidden eval (trusted).
+
+    train process   python -m ait.train.grpo job.json        agent code, via the sandbox
+    eval process    python -m ait.evals.hidden_eval req.json  family code only, safetensors only
+
+A job that dies (OOM, crash, timeout, killed) yields a failed JobResult with a reason,
+never an exception: the episode still completes and scores job_quality 0.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from ait.evals.hidden_eval import EvalReport, EvalRequest
+from ait.job.types import FailReason, Job, JobResult
+from ait.sandbox import RunOutcome, run_process, run_untrusted
+from ait.train.grpo import EXIT_OOM, TrainOutput
+
+EVAL_TIMEOUT_S = 3600.0
+
+
+def classify_failure(outcome: RunOutcome) -> FailReason:
+    if outcome.timed_out:
+        return FailReason.timeout
+    if outcome.returncode == EXIT_OOM or "OutOfMemoryError" in outcome.log_tail or "MemoryError" in outcome.log_tail:
+        return FailReason.oom
+    if outcome.returncode is not None and outcome.returncode < 0:
+        # SIGKILL from outside is usually the kernel's OOM killer; other signals are kills.
+        return FailReason.oom if outcome.returncode == -signal.SIGKILL else FailReason.killed
+    return FailReason.crash
+
+
+def run_job(job: Job) -> JobResult:
+    job_dir = Path(job.run_dir) / "job"
+    job_dir.mkdir(parents=True, exist_ok=True)
+    job_json = job_dir / "job.json"
+    job_json.write_text(job.model_dump_json(indent=2))
+    start = time.monotonic()
+
+    outcome = run_untrusted(["-m", "ait.train.grpo", str(job_json)], cwd=job_dir,
+                            timeout_s=job.time_budget_s * job.kill_factor, log_path=job_dir / "train.log")
+    # The worker's clock, not the job's own report, is what the speed term uses.
+    train_seconds = outcome.seconds
+    base = dict(job_id=job.job_id, base_model=job.config.job.base_model, train_seconds=train_seconds)
+    if outcome.timed_out or outcome.returncode != 0:
+        reason = classify_failure(outcome)
+        detail = f"training timed out after {outcome.seconds:.0f}s" if outcome.timed_out else \
+            f"training exited with status {outcome.returncode}"
+        return JobResult(ok=False, fail_reason=reason, error=f"{detail}\n{outcome.log_tail}",
+                         total_seconds=time.monotonic() - start, **base)
+    try:
+        trained = TrainOutput.model_validate_json((job_dir / "train_output.json").read_text())
+    except Exception as e:  # missing or forged output: the job did not finish honestly
+        return JobResult(ok=False, fail_reason=FailReason.crash, error=f"train_output.json unreadable: {e}",
+                         total_seconds=time.monotonic() - start, **base)
+
+    checkpoint = job_dir / "checkpoint"  # fixed location: never a path the job chose
+    req = EvalRequest(task_path=job.task_path, base_model=job.config.job.base_model, checkpoint=str(checkpoint),
+                      n=job.eval_size, out_path=str(job_dir / "eval.json"))
+    req_path = job_dir / "eval_request.json"
+    req_path.write_text(req.model_dump_json(indent=2))
+    # Our own code: it keeps the full environment but still gets a process group and a timeout.
+    evaluated = run_process(["-m", "ait.evals.hidden_eval", str(req_path)], cwd=job_dir,
+                            timeout_s=EVAL_TIMEOUT_S, log_path=job_dir / "eval.log")
+    if evaluated.returncode != 0:
+        return JobResult(ok=False, fail_reason=FailReason.crash,
+                         error=f"hidden eval failed (status {evaluated.returncode})\n{evaluated.log_tail}",
+                         total_seconds=time.monotonic() - start, **base)
+    report = EvalReport.model_validate_json((job_dir / "eval.json").read_text())
+    metrics = {k: v for k, v in trained.metrics.items() if isinstance(v, float)}
+    metrics.update(report.seconds)
+    return JobResult(ok=True, pre=report.pre, post=report.post, eval_n=report.n,
+                     weights_changed=report.weights_changed, checkpoint=str(checkpoint),
+                     total_seconds=time.monotonic() - start, metrics=metrics, **base)

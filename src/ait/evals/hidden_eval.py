@@ -1,0 +1,142 @@
+"""The hidden eval: pre (base weights) and post (trained weights) scores on the secret set.
+
+Runs in its own process and executes no agent code. The model's architecture and
+tokenizer come from the base model (trusted); from the trained checkpoint only raw
+tensors are read, with safetensors (never pickle), and their names and shapes must
+match the base model exactly.
+
+    python -m ait.evals.hidden_eval REQUEST_JSON
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from ait.evals.hidden import eval_fingerprint, hidden_examples
+from ait.evals.rollout import final_response, prepare_tokenizer, run_conversations
+from ait.families import get_family
+from ait.spec import load_spec
+from ait.train.models import resolve_base_model
+
+
+class EvalRequest(BaseModel):
+    task_path: str
+    """TaskSpec JSON."""
+    base_model: str
+    """Base model name (resolved here, by trusted code)."""
+    checkpoint: str | None = None
+    """Trained checkpoint directory; None scores only the base model."""
+    n: int | None = None
+    """Hidden examples to score; None = the spec's hidden_eval_size."""
+    run_pre: bool = True
+    """Also score the base weights."""
+    batch_size: int = 32
+    """Conversations generated together."""
+    out_path: str
+    """Where to write the EvalReport JSON."""
+
+
+class EvalReport(BaseModel):
+    pre: float | None = None
+    """Mean hidden-eval score of the base weights."""
+    post: float | None = None
+    """Mean hidden-eval score of the trained weights."""
+    n: int
+    """Examples scored."""
+    fingerprint: str
+    """Which hidden set (see evals.hidden.eval_fingerprint)."""
+    weights_changed: bool | None = None
+    """Whether any trained tensor differs from the base."""
+    seconds: dict[str, float] = Field(default_factory=dict)
+    """Wall time: eval/load_s, eval/pre_s, eval/post_s."""
+    samples: list[list[dict]] = Field(default_factory=list)
+    """A few post-training conversations, for the record."""
+
+
+class CheckpointError(ValueError):
+    """A trained checkpoint that cannot be trusted or does not fit the base model."""
+
+
+def load_checkpoint_tensors(checkpoint: Path) -> dict:
+    from safetensors.torch import load_file
+
+    files = sorted(checkpoint.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{checkpoint} holds no *.safetensors file (other formats are never loaded)")
+    tensors = {}
+    for f in files:
+        tensors.update(load_file(str(f)))
+    return tensors
+
+
+def apply_checkpoint(model, tensors: dict) -> bool:
+    """Load trained tensors into `model` (strict names and shapes); True if any changed."""
+    import torch
+
+    state = model.state_dict()
+    tied = {k for k in state if k.endswith("lm_head.weight")} if model.config.tie_word_embeddings else set()
+    unexpected = sorted(set(tensors) - set(state))
+    missing = sorted(set(state) - set(tensors) - tied)
+    if unexpected or missing:
+        raise CheckpointError(f"checkpoint does not match the base model: unexpected {unexpected[:5]}, missing {missing[:5]}")
+    changed = False
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            if tensor.shape != state[name].shape:
+                raise CheckpointError(f"{name}: shape {tuple(tensor.shape)} != base {tuple(state[name].shape)}")
+            tensor = tensor.to(state[name].dtype)
+            changed = changed or not torch.equal(tensor, state[name])
+            state[name].copy_(tensor)
+    return changed
+
+
+def score(model, tokenizer, spec, examples, batch_size) -> tuple[float, list[list[dict]]]:
+    family = get_family(spec.family)
+    convs = run_conversations(model, tokenizer, family, spec.eval_format, examples, batch_size)
+    scores = [family.score(final_response(c), ex.answer) for c, ex in zip(convs, examples)]
+    return sum(scores) / max(len(scores), 1), convs
+
+
+def evaluate(req: EvalRequest) -> EvalReport:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = load_spec(req.task_path)
+    n = req.n or spec.hidden_eval_size
+    examples = hidden_examples(spec, n)
+    t0 = time.monotonic()
+    base = resolve_base_model(req.base_model)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(base.path, dtype=dtype, use_safetensors=True,
+                                                 trust_remote_code=False).to(device).eval()
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(base.path, trust_remote_code=False))
+    report = EvalReport(n=n, fingerprint=eval_fingerprint(spec, n))
+    report.seconds["eval/load_s"] = time.monotonic() - t0
+    if req.run_pre:
+        t = time.monotonic()
+        report.pre, _ = score(model, tokenizer, spec, examples, req.batch_size)
+        report.seconds["eval/pre_s"] = time.monotonic() - t
+    if req.checkpoint:
+        report.weights_changed = apply_checkpoint(model, load_checkpoint_tensors(Path(req.checkpoint)))
+        t = time.monotonic()
+        report.post, convs = score(model, tokenizer, spec, examples, req.batch_size)
+        report.seconds["eval/post_s"] = time.monotonic() - t
+        report.samples = convs[:3]
+    return report
+
+
+def main(argv: list[str]) -> int:
+    req = EvalRequest.model_validate_json(Path(argv[0]).read_text())
+    report = evaluate(req)
+    Path(req.out_path).write_text(report.model_dump_json(indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,47 @@
+"""Task family registry. Held-out families are never picked for training."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from ait.families.base import Example, Family, ToolCall
+from ait.families.calc_chain import CalcChain
+from ait.spec import Constraints, DevExample, TaskSpec
+
+FAMILIES: dict[str, Family] = {f.name: f for f in [CalcChain()]}
+
+
+def get_family(name: str) -> Family:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise KeyError(f"unknown task family {name!r}; known: {', '.join(sorted(FAMILIES))}") from None
+
+
+def build_spec(name: str, *, task_id: str | None = None, difficulty: dict[str, Any] | None = None,
+               constraints: Constraints, n_dev: int = 5, dev_seed: int = 1000, **fields: Any) -> TaskSpec:
+    """A TaskSpec for a family: eval format and dev examples come from the family itself.
+    Dev examples use a public seed; the hidden set excludes their prompts."""
+    family = get_family(name)
+    d = family.difficulty(difficulty)
+    rng = random.Random(dev_seed)
+    dev = [family.example(rng, d) for _ in range(n_dev)]
+    return TaskSpec(
+        id=task_id or name,
+        family=name,
+        description=family.description,
+        difficulty=d.model_dump(),
+        eval_format=family.eval_format(d),
+        constraints=constraints,
+        dev_examples=[DevExample(prompt=e.prompt, answer=e.answer, world=e.world) for e in dev],
+        **fields,
+    )
+
+
+def training_families() -> list[str]:
+    """Families the outer loop may train on (held-out ones excluded)."""
+    return sorted(name for name, f in FAMILIES.items() if not f.held_out)
+
+
+__all__ = ["Example", "FAMILIES", "Family", "ToolCall", "build_spec", "get_family", "training_families"]

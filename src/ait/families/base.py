@@ -1,0 +1,76 @@
+"""What every task family provides (see DESIGN.md, "Task families").
+
+A family is deterministic given an RNG: `example(rng, difficulty)` yields the prompt,
+the world its tools read, and the gold answer. Its tools and scorer are the ones the
+hidden eval uses, so an agent's own reward cannot inflate the score that matters.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from typing import Any, Callable
+
+from pydantic import BaseModel, Field
+
+from ait.spec import EvalFormat
+
+
+class Example(BaseModel):
+    prompt: str
+    """The user message the model sees."""
+    world: dict[str, Any] = Field(default_factory=dict)
+    """The state the tools read (JSON-serialisable)."""
+    answer: str
+    """The gold answer, in the family's normalised form."""
+
+
+class ToolCall(BaseModel):
+    name: str
+    """Tool name."""
+    arguments: dict[str, Any]
+    """Keyword arguments."""
+
+
+class Family(ABC):
+    """One task family. Subclasses are stateless; all state lives in `Example.world`."""
+
+    name: str
+    held_out: bool = False
+    description: str
+    Difficulty: type[BaseModel]
+
+    @abstractmethod
+    def example(self, rng: random.Random, difficulty: BaseModel) -> Example:
+        """One seeded example; the same rng state always gives the same example."""
+
+    @abstractmethod
+    def tools(self, world: dict[str, Any]) -> list[Callable[..., str]]:
+        """The tools bound to one example's world, as typed functions with docstrings."""
+
+    @abstractmethod
+    def score(self, response: str, answer: str) -> float:
+        """Deterministic score in [0, 1] of a final response against the gold answer."""
+
+    @abstractmethod
+    def eval_format(self, difficulty: BaseModel) -> EvalFormat:
+        """System prompt, tool interface and answer format of the hidden eval."""
+
+    @abstractmethod
+    def gold_trace(self, example: Example) -> list[ToolCall]:
+        """A sequence of tool calls that reaches the gold answer using only the tools."""
+
+    def difficulty(self, knobs: dict[str, Any] | None = None) -> BaseModel:
+        """Validated difficulty knobs (unknown knobs are an error)."""
+        return self.Difficulty.model_validate(knobs or {})
+
+    def call_tool(self, world: dict[str, Any], call: ToolCall) -> str:
+        """Run one tool call against a world, returning the tool's text (errors as text)."""
+        by_name = {fn.__name__: fn for fn in self.tools(world)}
+        fn = by_name.get(call.name)
+        if fn is None:
+            return f"error: unknown tool {call.name!r}; available: {', '.join(sorted(by_name))}"
+        try:
+            return str(fn(**call.arguments))
+        except TypeError as e:
+            return f"error: bad arguments for {call.name}: {e}"

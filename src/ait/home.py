@@ -1,0 +1,42 @@
+"""Where ait keeps state outside every workspace: model cache, baselines, the hidden secret.
+
+`AIT_HOME` (default ~/.ait) is never mounted or copied into a workspace; the hidden
+eval seed is derived from a secret stored here (or `AIT_HIDDEN_SEED`), so no TaskSpec,
+workspace or agent-written file can carry it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+
+def ait_home() -> Path:
+    home = Path(os.environ.get("AIT_HOME") or Path.home() / ".ait").expanduser()
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def models_dir() -> Path:
+    d = ait_home() / "models"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def baselines_path() -> Path:
+    return Path(os.environ.get("AIT_BASELINES") or ait_home() / "baselines.json")
+
+
+def hidden_secret() -> str:
+    """The secret the hidden eval seeds derive from: `AIT_HIDDEN_SEED`, else a per-install
+    random value created once (mode 0600)."""
+    env = os.environ.get("AIT_HIDDEN_SEED")
+    if env:
+        return env
+    path = ait_home() / "hidden_secret"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(16))
+    return path.read_text().strip()
