@@ -36,7 +36,16 @@ def hidden_secret() -> str:
         return env
     path = ait_home() / "hidden_secret"
     if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        # Write to a private temp file, then link it into place: two processes racing
+        # here both end up reading the one secret that won.
+        tmp = path.with_name(f".hidden_secret.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(16))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
     return path.read_text().strip()

@@ -74,3 +74,5 @@ class Family(ABC):
             return str(fn(**call.arguments))
         except TypeError as e:
             return f"error: bad arguments for {call.name}: {e}"
+        except Exception as e:  # a model's odd call must never crash an eval
+            return f"error: {call.name} failed: {type(e).__name__}: {e}"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import random
 import re
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -23,6 +25,7 @@ PHRASES = {
     "*": ["multiply it by {b}", "multiply the result by {b}", "scale it by a factor of {b}"],
     "/": ["divide it by {b}", "split it into {b} equal parts and keep one part"],
 }
+MAX_MAGNITUDE = 10**40  # far above any gold value; keeps tool output short
 ANSWER_RE = re.compile(r"answer\s*[:=]\s*([-+−]?\s*[\d,]+(?:\.\d+)?)", re.IGNORECASE)
 
 
@@ -45,23 +48,35 @@ class CalcDifficulty(BaseModel):
         return self
 
 
-def format_number(x: float) -> str:
+def to_number(x: object) -> int | Fraction:
+    """Exact value of a tool argument: ints stay ints (no float rounding past 2**53)."""
+    if isinstance(x, bool):
+        raise ValueError("a boolean is not a number")
+    if isinstance(x, int):
+        return x
+    d = Decimal(str(x).strip().replace(",", "").replace("−", "-"))
+    if not d.is_finite():
+        raise ValueError("not a finite number")
+    f = Fraction(d)
+    return f.numerator if f.denominator == 1 else f
+
+
+def format_number(x: int | Fraction) -> str:
     """Integers without a decimal point; other values rounded to 6 decimals."""
-    if x == int(x):
+    if isinstance(x, int) or x.denominator == 1:
         return str(int(x))
-    return f"{x:.6f}".rstrip("0").rstrip(".")
+    return f"{Decimal(x.numerator) / Decimal(x.denominator):.6f}".rstrip("0").rstrip(".")
 
 
 def normalize_number(text: str) -> str | None:
-    """'1,234' / '+1234' / '1234.0' / '−5' -> canonical string; None if not a number."""
-    t = text.replace(",", "").replace(" ", "").replace("−", "-").lstrip("+")
+    """'1,234' / '+1234' / '1234.0' / '−5' -> canonical string; None if not a number (exact, no floats)."""
     try:
-        return format_number(float(t))
-    except ValueError:
+        return format_number(to_number(text.replace(" ", "").lstrip("+")))
+    except (ArithmeticError, ValueError):
         return None
 
 
-def apply_op(a: float, op: str, b: float) -> float:
+def apply_op(a: int | Fraction, op: str, b: int | Fraction) -> int | Fraction:
     if op == "+":
         return a + b
     if op == "-":
@@ -69,7 +84,8 @@ def apply_op(a: float, op: str, b: float) -> float:
     if op == "*":
         return a * b
     if op == "/":
-        return a / b
+        q = Fraction(a) / Fraction(b)
+        return q.numerator if q.denominator == 1 else q
     raise ValueError(f"unknown operator {op!r}")
 
 
@@ -85,14 +101,25 @@ def calculator(a: float, op: str, b: float) -> str:
         The result as text, or a line starting with "error:".
     """
     try:
-        a, b = float(a), float(b)
-    except (TypeError, ValueError):
-        return "error: a and b must be numbers"
+        a, b = to_number(a), to_number(b)
+    except (ArithmeticError, ValueError, TypeError):
+        return "error: a and b must be finite numbers"
     if op not in OPS:
         return f"error: op must be one of + - * /, got {op!r}"
     if op == "/" and b == 0:
         return "error: division by zero"
-    return format_number(apply_op(a, op, b))
+    result = apply_op(a, op, b)
+    if abs(result) > MAX_MAGNITUDE:
+        return "error: result out of range (magnitude above 1e40)"
+    return format_number(result)
+
+
+MAX_DIVISOR = 2000  # bounded search keeps generation fast for huge intermediate values
+
+
+def exact_divisors(value: int, lo: int, hi: int) -> list[int]:
+    """Exact divisors of value in [max(lo, 2), min(hi, MAX_DIVISOR)]."""
+    return [k for k in range(max(lo, 2), min(hi, MAX_DIVISOR) + 1) if value % k == 0]
 
 
 class CalcChain(Family):
@@ -112,13 +139,13 @@ class CalcChain(Family):
         for _ in range(d.n_ops):
             op = rng.choice(d.operators)
             if op == "/":
-                divisors = [k for k in range(2, min(abs(value), d.operand_max) + 1) if value % k == 0]
+                divisors = exact_divisors(value, d.operand_min, d.operand_max)
                 if not divisors:  # no exact divisor: fall back to another operator
                     op = rng.choice([o for o in d.operators if o != "/"] or ["+"])
             b = rng.choice(divisors) if op == "/" else rng.randint(d.operand_min, d.operand_max)
             steps.append({"a": value, "op": op, "b": b})
             phrases.append(rng.choice(PHRASES[op]).format(b=b))
-            value = int(apply_op(value, op, b))
+            value = apply_op(value, op, b)  # ints only: '/' always divides exactly
         start = steps[0]["a"]
         chain = ", then ".join(phrases)
         prompt = f"Start with {start}. {chain[0].upper()}{chain[1:]}. What is the final result?"

@@ -1,0 +1,48 @@
+"""Executors: how a validated Job gets run. All of them call the same `run_job`.
+
+    inline  run_job in this process's control (subprocesses for train and eval)
+    queue   enqueue into the SQLite queue and wait; `ait worker` processes run it
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ait.compute.run_job import run_job
+from ait.harness.types import EpisodeConfig
+from ait.job.types import FailReason, Job, JobResult
+from ait.queue import JobQueue, JobState
+
+
+class Executor(Protocol):
+    def run(self, job: Job) -> JobResult:
+        """Run a job to completion and return its result (failures are results, not exceptions)."""
+
+
+class InlineExecutor:
+    def run(self, job: Job) -> JobResult:
+        return run_job(job)
+
+
+class QueueExecutor:
+    def __init__(self, queue_path: str, wait_s: float):
+        self.queue = JobQueue(queue_path)
+        self.wait_s = wait_s
+
+    def run(self, job: Job) -> JobResult:
+        self.queue.enqueue(job)
+        try:
+            entry = self.queue.wait(job.job_id, timeout_s=self.wait_s)
+        except TimeoutError as e:
+            return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.timeout,
+                             error=f"{e}; is an `ait worker` running on this queue?")
+        if entry.result is not None:
+            return entry.result
+        reason = FailReason.killed if entry.state is JobState.dead else FailReason.crash
+        return JobResult(job_id=job.job_id, ok=False, fail_reason=reason, error=entry.error)
+
+
+def make_executor(config: EpisodeConfig) -> Executor:
+    if config.executor == "queue":
+        return QueueExecutor(config.queue_path, config.job_wait_s)
+    return InlineExecutor()

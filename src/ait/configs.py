@@ -1,0 +1,31 @@
+"""Loading entry-point configs (pydantic models) from TOML, with errors that name the key."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from ait.spec import format_validation_error
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigError(ValueError):
+    """A config file that is missing, not TOML, or has a wrong, out-of-bounds or unknown key."""
+
+
+def load_config(path: str | Path, model: type[M]) -> M:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path} is not valid TOML: {e}") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"{path}: {format_validation_error(e)}") from None

@@ -1,0 +1,66 @@
+"""Validate a workspace: trusted config checks here, agent code in a separate process.
+
+The child (`ait.probe.child`) runs env.py through `ait.sandbox.run_untrusted` (the one
+seam where isolation layers are added) and reports observations; the verdict is
+computed here by `ait.probe.checks`, so agent code cannot write its own verdict.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from ait.job.config import JobConfigError, load_job_config
+from ait.probe.checks import verdict
+from ait.probe.types import Observations, ProbeCheck, ProbeError, ProbeReport, ProbeRequest
+from ait.sandbox import run_untrusted
+from ait.spec import TaskSpec
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+def probe_workspace(workspace: str | Path, spec: TaskSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -> ProbeReport:
+    workspace = Path(workspace).resolve()
+    start = time.monotonic()
+    errors: list[ProbeError] = []
+    config = None
+    try:
+        config = load_job_config(workspace / "job.toml", spec.constraints)
+    except JobConfigError as e:
+        errors.append(ProbeError(check=ProbeCheck.config, message=str(e)))
+    # With a broken job.toml, still exercise env.py so the agent sees every problem at once.
+    size = config.train.dataset_size if config else max(spec.constraints.min_dataset_rows, 64)
+    seed = config.train.seed if config else 0
+    obs_or_error = run_child(workspace, ProbeRequest(tools=spec.eval_format.tools, dataset_size=size, seed=seed),
+                             timeout_s)
+    if isinstance(obs_or_error, ProbeError):
+        errors.append(obs_or_error)
+        obs = None
+    else:
+        obs = obs_or_error
+        errors += verdict(obs, spec, size)
+    return ProbeReport(valid=not errors, errors=errors, seconds=time.monotonic() - start,
+                       config=config if not errors else None,
+                       dataset_rows=obs.dataset_count if obs else None)
+
+
+def run_child(workspace: Path, req: ProbeRequest, timeout_s: float) -> Observations | ProbeError:
+    scratch = Path(tempfile.mkdtemp(prefix="ait-probe-"))
+    try:
+        req_path, obs_path = scratch / "request.json", scratch / "observations.json"
+        req_path.write_text(req.model_dump_json())
+        outcome = run_untrusted(["-m", "ait.probe.child", str(workspace), str(req_path), str(obs_path)],
+                                cwd=scratch, timeout_s=timeout_s, log_path=scratch / "probe.log")
+        if outcome.timed_out:
+            return ProbeError(check=ProbeCheck.timeout, message=f"the probe did not finish within {timeout_s:.0f}s: "
+                              "env.py's import, build_dataset, tools or rewards are too slow or never return")
+        try:
+            return Observations.model_validate_json(obs_path.read_text())
+        except (OSError, ValueError):
+            last = (outcome.log_tail.strip().splitlines() or ["no output"])[-1][:300]
+            return ProbeError(check=ProbeCheck.crash, message=f"the probe process died (exit status "
+                              f"{outcome.returncode}) while running env.py: {last}")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -1,0 +1,94 @@
+"""The episode reward (DESIGN.md, "Reward"): every component is returned beside the total.
+
+    R = w_v·validation + w_q·job_quality + w_s·train_speed
+    validation   = 1 − (k−1)/K for a job valid at attempt k of K; 0 if never valid
+    job_quality  = 0.25·post + 0.75·uplift_term; 0 if the job died
+    uplift_term  = clip((post − best_pre) / max(1 − best_pre, ε), −1, 1)
+    train_speed  = clip(1 − train_seconds / time_budget_seconds, 0, 1), only if the job succeeded
+    R = −0.1 when the agent never produced a parseable submission
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field, model_validator
+
+from ait.job.types import JobResult
+from ait.spec import Strict
+
+EPS = 1e-6
+
+
+class RewardWeights(Strict):
+    validation: float = Field(default=0.35, ge=0.0)
+    """Weight of the validation term."""
+    job_quality: float = Field(default=0.60, ge=0.0)
+    """Weight of the job-quality term."""
+    train_speed: float = Field(default=0.05, ge=0.0)
+    """Weight of the training-speed term."""
+    no_submission: float = Field(default=-0.1, le=0.0)
+    """Reward when no parseable submission was ever made."""
+
+    @model_validator(mode="after")
+    def _positive(self) -> "RewardWeights":
+        if self.validation + self.job_quality + self.train_speed <= 0:
+            raise ValueError("reward weights must not all be zero")
+        return self
+
+
+class RewardBreakdown(BaseModel):
+    total: float
+    """The episode reward R."""
+    validation: float = 0.0
+    """1 − (k−1)/K for a valid job at attempt k of K, else 0."""
+    job_quality: float = 0.0
+    """0.25·post + 0.75·uplift_term, 0 if the job died or never ran."""
+    train_speed: float = 0.0
+    """clip(1 − train_s / budget, 0, 1) for a successful job, else 0."""
+    uplift_term: float = 0.0
+    """clip((post − best_pre) / max(1 − best_pre, ε), −1, 1)."""
+    post: float | None = None
+    """Hidden-eval score after training."""
+    best_pre: float | None = None
+    """Frozen best untrained score for (family, base model)."""
+    valid_attempt: int | None = None
+    """k: the attempt at which the job was valid."""
+    max_attempts: int
+    """K."""
+    parseable_submission: bool
+    """Whether any submission had a parseable job.toml."""
+
+    def metrics(self) -> dict[str, float]:
+        """Flat slash-namespaced metrics for logs and reports."""
+        out = {"reward/total": self.total, "reward/validation": self.validation,
+               "reward/job_quality": self.job_quality, "reward/train_speed": self.train_speed,
+               "reward/uplift_term": self.uplift_term}
+        if self.post is not None:
+            out["job/post"] = self.post
+        if self.best_pre is not None:
+            out["job/best_pre"] = self.best_pre
+        if self.post is not None and self.best_pre is not None:
+            out["job/uplift"] = self.post - self.best_pre
+        return out
+
+
+def clip(x: float, lo: float, hi: float) -> float:
+    return max(lo, min(hi, x))
+
+
+def compute_reward(*, parseable_submission: bool, valid_attempt: int | None, max_attempts: int,
+                   job: JobResult | None, best_pre: float | None, time_budget_s: float,
+                   weights: RewardWeights | None = None) -> RewardBreakdown:
+    w = weights or RewardWeights()
+    common = dict(max_attempts=max_attempts, valid_attempt=valid_attempt, parseable_submission=parseable_submission)
+    if not parseable_submission:
+        return RewardBreakdown(total=w.no_submission, **common)
+    validation = 1.0 - (valid_attempt - 1) / max_attempts if valid_attempt else 0.0
+    quality = speed = uplift = 0.0
+    post = job.post if job and job.ok else None
+    if job is not None and job.ok and post is not None and best_pre is not None:
+        uplift = clip((post - best_pre) / max(1.0 - best_pre, EPS), -1.0, 1.0)
+        quality = 0.25 * post + 0.75 * uplift
+        speed = clip(1.0 - (job.train_seconds or 0.0) / time_budget_s, 0.0, 1.0)
+    total = w.validation * validation + w.job_quality * quality + w.train_speed * speed
+    return RewardBreakdown(total=total, validation=validation, job_quality=quality, train_speed=speed,
+                           uplift_term=uplift, post=post, best_pre=best_pre, **common)
