@@ -25,7 +25,7 @@ PHRASES = {
     "*": ["multiply it by {b}", "multiply the result by {b}", "scale it by a factor of {b}"],
     "/": ["divide it by {b}", "split it into {b} equal parts and keep one part"],
 }
-MAX_MAGNITUDE = 10**40  # far above any gold value; keeps tool output short
+MAX_MAGNITUDE = 10**100  # above any gold value the difficulty bounds allow; keeps tool output short
 ANSWER_RE = re.compile(r"answer\s*[:=]\s*([-+−]?\s*[\d,]+(?:\.\d+)?)", re.IGNORECASE)
 
 
@@ -45,6 +45,8 @@ class CalcDifficulty(BaseModel):
     def _range(self) -> "CalcDifficulty":
         if self.operand_min >= self.operand_max:
             raise ValueError("operand_min must be below operand_max")
+        if self.operand_max ** (self.n_ops + 1) > MAX_MAGNITUDE:
+            raise ValueError("operand_max ** (n_ops + 1) must stay below 1e100 so every value fits the calculator")
         return self
 
 
@@ -110,7 +112,7 @@ def calculator(a: float, op: str, b: float) -> str:
         return "error: division by zero"
     result = apply_op(a, op, b)
     if abs(result) > MAX_MAGNITUDE:
-        return "error: result out of range (magnitude above 1e40)"
+        return "error: result out of range (magnitude above 1e100)"
     return format_number(result)
 
 

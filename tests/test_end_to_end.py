@@ -1,0 +1,179 @@
+"""Real episodes and jobs on CPU: the tiny model trains with TRL and is scored on the hidden eval."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ait.compute.run_job import classify_failure, run_job
+from ait.evals.baselines import BaselineStore
+from ait.harness.episode import run_episode
+from ait.harness.types import EpisodeConfig, StopReason
+from ait.job.config import load_job_config
+from ait.job.types import FailReason, Job
+from ait.policy.reference import ReferencePolicy
+from ait.queue import JobQueue
+from ait.sandbox import RunOutcome
+from ait.spec import load_spec
+from ait.train.tiny import tiny_model_path
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK = ROOT / "examples" / "tasks" / "calc_chain.json"
+REFERENCE = ROOT / "src" / "ait" / "policy" / "reference_jobs" / "calc_chain"
+# Code that runs only inside the training process: TRL is imported there before env.py,
+# never in the probe, so these jobs pass validation and then die while training.
+CRASH_IN_TRAINING = 'import sys\nif "trl" in sys.modules:\n    raise RuntimeError("deliberate crash in training")\n'
+SLEEP_IN_TRAINING = 'import sys, time\nif "trl" in sys.modules:\n    time.sleep(600)\n'
+
+
+@pytest.fixture
+def spec():
+    return load_spec(TASK)
+
+
+def make_workspace(tmp_path: Path, prefix: str = "") -> Path:
+    ws = tmp_path / "ws"
+    shutil.copytree(REFERENCE, ws)
+    (ws / "env.py").write_text(prefix + (REFERENCE / "env.py").read_text())
+    return ws
+
+
+def make_job(tmp_path: Path, spec, ws: Path, budget: float = 300.0, kill_factor: float = 2.0) -> Job:
+    return Job(job_id="job-1", run_dir=str(tmp_path / "run"), workspace=str(ws), task_path=str(TASK),
+               config=load_job_config(ws / "job.toml", spec.constraints), time_budget_s=budget,
+               kill_factor=kill_factor, eval_size=16)
+
+
+def test_reference_episode_end_to_end(tmp_path, spec):
+    store = BaselineStore(tmp_path / "baselines.json")
+    result = run_episode(spec, TASK, ReferencePolicy(), EpisodeConfig(eval_size=24), runs_dir=tmp_path / "runs",
+                         baselines=store)
+    assert result.stop_reason is StopReason.job_done
+    job = result.job
+    assert job is not None and job.ok, job.error if job else "no job"
+    assert job.weights_changed is True
+    assert job.eval_n == 24 and 0.0 <= job.post <= 1.0 and 0.0 <= job.pre <= 1.0
+    assert result.reward.validation == 1.0
+    assert result.reward.best_pre == job.pre  # frozen from this job's pre: the store was empty
+    assert store.all()[0].best_pre == job.pre
+    run = Path(result.run_dir)
+    for name in ("manifest.json", "trajectory.jsonl", "reward.json", "episode.json", "job_result.json",
+                 "submissions/1/probe.json", "workspace/env.py", "job/checkpoint/model.safetensors"):
+        assert (run / name).exists(), name
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["versions"]["trl"] and manifest["config"]["eval_size"] == 24
+
+
+def test_training_updates_weights(tmp_path, spec):
+    """Independent of the eval's own check: compare the saved tensors with the base model's."""
+    result = run_job(make_job(tmp_path, spec, make_workspace(tmp_path)))
+    assert result.ok, result.error
+    base = load_file(str(tiny_model_path() / "model.safetensors"))
+    trained = load_file(str(Path(result.checkpoint) / "model.safetensors"))
+    assert base.keys() == trained.keys()
+    changed = [k for k in base if not torch.equal(base[k], trained[k])]
+    assert len(changed) >= len(base) // 2, f"only {changed} changed"
+    assert result.metrics["train/num_tokens"] > 0
+
+
+def test_crashing_job_is_a_failed_result_and_the_episode_completes(tmp_path, spec, monkeypatch):
+    ws = make_workspace(tmp_path, CRASH_IN_TRAINING)
+    result = run_job(make_job(tmp_path, spec, ws))
+    assert not result.ok and result.fail_reason is FailReason.crash
+    assert "deliberate crash in training" in result.error
+
+    # The same job through a whole episode: validation kept, job_quality 0.
+    class CrashPolicy(ReferencePolicy):
+        def _write(self, name):
+            if name == "env.py":
+                self.job["env.py"] = CRASH_IN_TRAINING + self.job["env.py"]
+            return super()._write(name)
+
+    episode = run_episode(spec, TASK, CrashPolicy(), EpisodeConfig(eval_size=8), runs_dir=tmp_path / "runs",
+                          baselines=BaselineStore(tmp_path / "b.json"))
+    assert episode.stop_reason is StopReason.job_done
+    assert episode.job.fail_reason is FailReason.crash
+    assert episode.reward.validation == 1.0
+    assert episode.reward.job_quality == 0.0 and episode.reward.train_speed == 0.0
+    assert episode.reward.total == pytest.approx(0.35)
+
+
+def test_job_past_its_budget_is_killed_as_timeout(tmp_path, spec):
+    ws = make_workspace(tmp_path, SLEEP_IN_TRAINING)
+    start = time.monotonic()
+    result = run_job(make_job(tmp_path, spec, ws, budget=3.0, kill_factor=1.0))
+    assert time.monotonic() - start < 30
+    assert not result.ok and result.fail_reason is FailReason.timeout
+
+
+def test_failure_classification():
+    def outcome(code, timed_out=False, log=""):
+        return RunOutcome(returncode=code, timed_out=timed_out, seconds=1.0, log_tail=log)
+
+    assert classify_failure(outcome(None, timed_out=True)) is FailReason.timeout
+    assert classify_failure(outcome(3)) is FailReason.oom
+    assert classify_failure(outcome(1, log="torch.OutOfMemoryError: CUDA out of memory")) is FailReason.oom
+    assert classify_failure(outcome(-9)) is FailReason.oom
+    assert classify_failure(outcome(-15)) is FailReason.killed
+    assert classify_failure(outcome(1, log="ValueError: x")) is FailReason.crash
+
+
+def test_episode_through_the_queue_and_a_worker_process(tmp_path, spec):
+    queue_path = tmp_path / "queue.sqlite"
+    worker = subprocess.Popen([sys.executable, "-m", "ait.cli", "worker", "--queue", str(queue_path),
+                               "--idle-exit", "120"], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        config = EpisodeConfig(executor="queue", queue_path=str(queue_path), eval_size=8, job_wait_s=300)
+        result = run_episode(spec, TASK, ReferencePolicy(), config, runs_dir=tmp_path / "runs",
+                             baselines=BaselineStore(tmp_path / "b.json"))
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+    assert result.job is not None and result.job.ok, result.job
+    entry = JobQueue(queue_path).get(result.job.job_id)
+    assert entry.state.value == "done" and entry.attempts == 1
+    assert entry.result.post == result.job.post
+
+
+def test_worker_once_drains_the_queue(tmp_path, spec):
+    from ait.compute.worker import run_worker
+
+    queue = JobQueue(tmp_path / "q.sqlite")
+    jobs = []
+    for i in range(3):
+        ws = make_workspace(tmp_path / f"w{i}")
+        job = make_job(tmp_path / f"w{i}", spec, ws).model_copy(update={"job_id": f"j{i}"})
+        jobs.append(job)
+        assert queue.enqueue(job)
+    assert not queue.enqueue(jobs[0])  # idempotent
+
+    seen = []
+    ran = run_worker(queue, once=True, job_fn=lambda job: seen.append(job.job_id) or _fake_result(job))
+    assert ran == 3 and seen == ["j0", "j1", "j2"]
+    assert queue.counts()["done"] == 3
+
+
+def _fake_result(job):
+    from ait.job.types import JobResult
+
+    return JobResult(job_id=job.job_id, ok=True, pre=0.0, post=0.1, eval_n=1, train_seconds=1.0)
+
+
+def test_tiny_model_is_cached_and_thread_safe():
+    paths = []
+    threads = [threading.Thread(target=lambda: paths.append(tiny_model_path())) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(paths)) == 1 and (paths[0] / "model.safetensors").exists()
