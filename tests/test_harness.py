@@ -259,6 +259,27 @@ def test_broken_call_errors_name_the_problem(env) -> None:
     assert ids == ["t1-0", "t1-1", "t1-2", "t1-3"]
 
 
+SRC_BUG_OS_ERRORS = (
+    "src bug: ait/harness/tools.py:73 EpisodeTools.dispatch catches only ToolError, and WorkspaceTools lets "
+    "OSError/UnicodeEncodeError escape (workspace_tools.py:172 target.exists() -> ENAMETOOLONG for a 300-char "
+    "name; workspace_tools.py:63 content.encode('utf-8') and :140 os.path.realpath on a lone surrogate such as "
+    "json.loads('\"\\ud800\"')), so run_episode raises instead of returning 'error: ...' to the agent")
+
+
+@pytest.mark.parametrize("bad", [
+    call("write_file", {"path": "a" * 300, "content": "x"}),
+    call("edit_file", {"path": "a" * 300, "old": "x", "new": "y"}),
+    call("write_file", {"path": "notes.txt", "content": json.loads('"\\ud800"')}),
+    call("read_file", {"path": json.loads('"\\ud800.txt"')}),
+], ids=["long-name-write", "long-name-edit", "surrogate-content", "surrogate-path"])
+def test_os_level_tool_failures_are_error_texts(env, bad: ToolCallRequest) -> None:
+    policy = Scripted([[bad], [call("read_file", {"path": "job.toml"})]])
+    result = env.run(policy, EpisodeConfig(max_nudges=0))
+    first, second = tool_results(result)
+    assert first.startswith("error: ")
+    assert "[train]" in second
+
+
 # ---- submissions ------------------------------------------------------------------------------
 
 

@@ -88,7 +88,8 @@ def compute_reward(*, parseable_submission: bool, valid_attempt: int | None, max
     if job is not None and job.ok and post is not None and best_pre is not None:
         uplift = clip((post - best_pre) / max(1.0 - best_pre, EPS), -1.0, 1.0)
         quality = 0.25 * post + 0.75 * uplift
-        speed = clip(1.0 - (job.train_seconds or 0.0) / time_budget_s, 0.0, 1.0)
+        if job.train_seconds is not None:  # no measured time, no speed credit
+            speed = clip(1.0 - job.train_seconds / time_budget_s, 0.0, 1.0)
     total = w.validation * validation + w.job_quality * quality + w.train_speed * speed
     return RewardBreakdown(total=total, validation=validation, job_quality=quality, train_speed=speed,
                            uplift_term=uplift, post=post, best_pre=best_pre, **common)

@@ -76,9 +76,9 @@ class Episode:
             self.run.log("message", turn=turn, **reply.model_dump())
             if not reply.tool_calls:
                 if nudges >= self.config.max_nudges:
-                    return StopReason.no_submission, turn, None
+                    return (StopReason.agent_stopped if self.submissions else StopReason.no_submission), turn, None
                 nudges += 1
-                messages.append(Message(role="user", content=NUDGE))
+                messages.append(Message(role="user", content=self.nudge()))
                 self.run.log("message", turn=turn, nudge=True, **messages[-1].model_dump())
                 continue
             for call in reply.tool_calls:
@@ -93,6 +93,13 @@ class Episode:
                 if len(self.submissions) >= self.spec.max_submission_attempts and self.valid_attempt is None:
                     return StopReason.attempts_exhausted, turn, None
         return StopReason.turn_cap, self.config.max_turns, None
+
+    def nudge(self) -> str:
+        if not self.submissions:
+            return NUDGE
+        left = self.spec.max_submission_attempts - len(self.submissions)
+        return (f"Your last submission was invalid. Fix the errors it listed and call submit_job again "
+                f"({left} attempt(s) left).")
 
     def submit_job(self) -> str:
         """The submit_job tool: freeze the workspace, probe it, run it if valid."""

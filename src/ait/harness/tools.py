@@ -72,3 +72,5 @@ class EpisodeTools:
             return handler(**call.arguments)
         except ToolError as e:
             return f"error: {e}"
+        except (OSError, UnicodeError, ValueError) as e:  # e.g. a 300-character name, a lone surrogate
+            return f"error: {call.name} failed: {type(e).__name__}: {str(e)[:200]}"

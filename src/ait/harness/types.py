@@ -40,7 +40,8 @@ class StopReason(str, Enum):
 
     job_done = "job_done"                        # a valid job was submitted and ran (ok or failed)
     attempts_exhausted = "attempts_exhausted"    # every submission attempt was invalid
-    no_submission = "no_submission"              # the agent stopped and ignored the nudges
+    no_submission = "no_submission"              # the agent stopped without ever submitting
+    agent_stopped = "agent_stopped"              # the agent stopped after invalid submissions
     turn_cap = "turn_cap"                        # max_turns reached
     policy_error = "policy_error"                # the policy raised (API down, parse failure)
 
