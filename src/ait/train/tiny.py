@@ -7,6 +7,7 @@ weights change, and it scores honestly (near zero) on the hidden eval.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import shutil
@@ -43,7 +44,7 @@ def _corpus(n: int = 3000) -> list[str]:
     return texts
 
 
-def build_tiny(dest: Path) -> None:
+def build_tiny(dest: Path, corpus: list[str]) -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
@@ -53,7 +54,7 @@ def build_tiny(dest: Path) -> None:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=2048, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_corpus(), trainer)
+    tok.train_from_iterator(corpus, trainer)
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                      chat_template=chat_template(), padding_side="left")
     config = Qwen3Config(
@@ -71,13 +72,16 @@ def build_tiny(dest: Path) -> None:
 
 
 def tiny_model_path() -> Path:
-    """The cached tiny model directory, building it once (atomic rename: safe under races)."""
-    dest = models_dir() / TINY_VERSION
+    """The cached tiny model directory, building it once (atomic rename: safe under races).
+    The cache key includes a digest of the tokenizer corpus, so adding a family rebuilds it."""
+    corpus = _corpus()
+    digest = hashlib.sha256("\n".join(corpus).encode()).hexdigest()[:10]
+    dest = models_dir() / f"{TINY_VERSION}-{digest}"
     if (dest / "model.safetensors").exists():
         return dest
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=models_dir()))
     try:
-        build_tiny(tmp)
+        build_tiny(tmp, corpus)
         try:
             os.rename(tmp, dest)
         except OSError:  # another process won the race; its copy is identical
