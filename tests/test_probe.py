@@ -557,7 +557,7 @@ def test_cli_job_validate_missing_workspace(monkeypatch: pytest.MonkeyPatch, tmp
 
 
 # --- the trust boundary: agent code against the trusted parent and the host --------------------------------
-# These document holes found while writing this suite (see each xfail's reason).
+# The xfails document holes that only stronger sandbox layers (Landlock, namespaces) close.
 
 RUN_PROBE = ("import sys\nfrom ait.probe.runner import probe_workspace\nfrom ait.spec import load_spec\n"
              "print(probe_workspace(sys.argv[1], load_spec(sys.argv[2]), timeout_s=10).model_dump_json())\n")
@@ -572,8 +572,6 @@ def probe_in_subprocess(ws: Path, tmp_path: Path, timeout_s: float, **env: str) 
                           capture_output=True, text=True, timeout=timeout_s)
 
 
-@pytest.mark.xfail(strict=True, reason="src/ait/probe/checks.py check_tools: `wanted[t.name]` trusts tool names "
-                                       "from the child's observations; a forged name raises KeyError in the parent")
 def test_forged_unknown_tool_name_does_not_crash_the_parent(probe_home, probe_spec: TaskSpec, tmp_path: Path) -> None:
     ws = build_workspace(tmp_path / "ws", env=textwrap.dedent("""
         import json, os, sys
@@ -585,9 +583,6 @@ def test_forged_unknown_tool_name_does_not_crash_the_parent(probe_home, probe_sp
     assert not report.valid
 
 
-@pytest.mark.xfail(strict=True, reason="src/ait/probe/runner.py run_child: obs_path.read_text() opens whatever "
-                                       "agent code left at the observations path; a FIFO there blocks the parent "
-                                       "forever (a symlink to /dev/zero would exhaust its memory)")
 def test_fifo_at_observations_path_does_not_hang_the_parent(tmp_path: Path) -> None:
     ws = build_workspace(tmp_path / "ws", env="import os, sys\nos.mkfifo(sys.argv[3])\nos._exit(0)\n")
     try:
@@ -638,8 +633,6 @@ def test_hidden_secret_is_not_readable_from_env_py(monkeypatch: pytest.MonkeyPat
     assert secret not in report.model_dump_json()
 
 
-@pytest.mark.xfail(strict=True, reason="src/ait/probe/child.py observe(): obs.import_error = str(e) is not "
-                                       "shortened (every other agent-controlled text is capped at MAX_TEXT=300)")
 def test_import_error_message_is_bounded(probe_home, probe_spec: TaskSpec, tmp_path: Path) -> None:
     ws = build_workspace(tmp_path / "ws", env='raise ValueError("x" * 100_000)\n')
     report = probe_workspace(ws, probe_spec, timeout_s=30)

@@ -14,7 +14,14 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from ait.spec import Constraints, Strict
+from ait.spec import Constraints
+from ait.spec import Strict as _Strict
+
+
+class Strict(_Strict):
+    """job.toml models: also strict about types (TOML `true` or "10" is not an int)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 ALIASES = {  # DESIGN.md name -> TRL name
     "group_size": "num_generations",

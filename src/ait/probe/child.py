@@ -135,7 +135,7 @@ def observe(workspace: Path, req: ProbeRequest) -> Observations:
     try:
         module = import_env(env_path)
     except EnvLoadError as e:
-        obs.import_error = str(e)
+        obs.import_error = short(str(e))
         return obs
     surface, problems = read_surface(module)
     obs.surface_errors = problems

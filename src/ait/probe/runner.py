@@ -7,7 +7,9 @@ computed here by `ait.probe.checks`, so agent code cannot write its own verdict.
 
 from __future__ import annotations
 
+import os
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +21,20 @@ from ait.sandbox import run_untrusted
 from ait.spec import TaskSpec
 
 DEFAULT_TIMEOUT_S = 60.0
+MAX_OBSERVATIONS_BYTES = 2_000_000
+
+
+def read_regular_file(path: Path, limit: int) -> bytes:
+    """Read a file the child wrote, refusing links, FIFOs, devices and oversize files:
+    the child is untrusted and could plant any of them at the path."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            raise ValueError(f"{path.name} is not a regular file under {limit} bytes")
+        return os.read(fd, limit + 1)[:limit]
+    finally:
+        os.close(fd)
 
 
 def probe_workspace(workspace: str | Path, spec: TaskSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -> ProbeReport:
@@ -57,7 +73,7 @@ def run_child(workspace: Path, req: ProbeRequest, timeout_s: float) -> Observati
             return ProbeError(check=ProbeCheck.timeout, message=f"the probe did not finish within {timeout_s:.0f}s: "
                               "env.py's import, build_dataset, tools or rewards are too slow or never return")
         try:
-            return Observations.model_validate_json(obs_path.read_text())
+            return Observations.model_validate_json(read_regular_file(obs_path, MAX_OBSERVATIONS_BYTES))
         except (OSError, ValueError):
             last = (outcome.log_tail.strip().splitlines() or ["no output"])[-1][:300]
             return ProbeError(check=ProbeCheck.crash, message=f"the probe process died (exit status "
