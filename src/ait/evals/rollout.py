@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ait.families import Example, Family, ToolCall
+from ait.families.base import call_bound
 from ait.spec import EvalFormat
 
 
@@ -74,6 +75,7 @@ def run_conversations(model, tokenizer, family: Family, fmt: EvalFormat, example
     tool_fns = family.tools(examples[0].world) if examples else []
     convs = [[{"role": "system", "content": fmt.system_prompt}, {"role": "user", "content": ex.prompt}]
              for ex in examples]
+    bound = [family.bind_tools(ex.world) for ex in examples]  # once per conversation: tools may keep state
     active = list(range(len(examples)))
     for _turn in range(fmt.max_turns):
         if not active:
@@ -93,8 +95,7 @@ def run_conversations(model, tokenizer, family: Family, fmt: EvalFormat, example
                 convs[i].append(msg)
                 if calls:
                     for c in calls:
-                        convs[i].append({"role": "tool", "name": c.name,
-                                         "content": family.call_tool(examples[i].world, c)})
+                        convs[i].append({"role": "tool", "name": c.name, "content": call_bound(bound[i], c)})
                     still_active.append(i)
         active = still_active
     return convs

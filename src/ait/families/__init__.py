@@ -7,9 +7,16 @@ from typing import Any
 
 from ait.families.base import Example, Family, ToolCall
 from ait.families.calc_chain import CalcChain
+from ait.families.dispatch import Dispatch
+from ait.families.ledger import Ledger
+from ait.families.multi_hop import MultiHop
+from ait.families.string_pipeline import StringPipeline
+from ait.families.triage import Triage
 from ait.spec import Constraints, DevExample, TaskSpec
 
-FAMILIES: dict[str, Family] = {f.name: f for f in [CalcChain()]}
+FAMILIES: dict[str, Family] = {
+    f.name: f for f in [CalcChain(), MultiHop(), StringPipeline(), Ledger(), Dispatch(), Triage()]
+}
 
 
 def get_family(name: str) -> Family:

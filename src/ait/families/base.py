@@ -64,15 +64,23 @@ class Family(ABC):
         """Validated difficulty knobs (unknown knobs are an error)."""
         return self.Difficulty.model_validate(knobs or {})
 
+    def bind_tools(self, world: dict[str, Any]) -> dict[str, Callable[..., str]]:
+        """One conversation's tools by name: build once per rollout so tools may keep state."""
+        return {fn.__name__: fn for fn in self.tools(world)}
+
     def call_tool(self, world: dict[str, Any], call: ToolCall) -> str:
-        """Run one tool call against a world, returning the tool's text (errors as text)."""
-        by_name = {fn.__name__: fn for fn in self.tools(world)}
-        fn = by_name.get(call.name)
-        if fn is None:
-            return f"error: unknown tool {call.name!r}; available: {', '.join(sorted(by_name))}"
-        try:
-            return str(fn(**call.arguments))
-        except TypeError as e:
-            return f"error: bad arguments for {call.name}: {e}"
-        except Exception as e:  # a model's odd call must never crash an eval
-            return f"error: {call.name} failed: {type(e).__name__}: {e}"
+        """Run one tool call against a fresh binding of a world (stateless convenience)."""
+        return call_bound(self.bind_tools(world), call)
+
+
+def call_bound(by_name: dict[str, Callable[..., str]], call: ToolCall) -> str:
+    """Run one tool call on bound tools, returning the tool's text (errors as text, never raising)."""
+    fn = by_name.get(call.name)
+    if fn is None:
+        return f"error: unknown tool {call.name!r}; available: {', '.join(sorted(by_name))}"
+    try:
+        return str(fn(**call.arguments))
+    except TypeError as e:
+        return f"error: bad arguments for {call.name}: {e}"
+    except Exception as e:  # a model's odd call must never crash an eval
+        return f"error: {call.name} failed: {type(e).__name__}: {e}"

@@ -1,0 +1,474 @@
+"""dispatch: route a request through an ordered rule table (first match wins).
+
+"Route request REQ-4821: which queue does it go to?" The world holds a rule table (an
+ordered list of rules, each a conjunction of attribute conditions such as
+`priority >= 3 and region == "eu" -> escalations`, plus a default queue) and a few
+requests with attributes. Neither the rules nor the request is in the prompt: the model
+must read them through the tools (`get_request`, `count_rules`, `get_rule`) and reason,
+or walk the table with `check_rule` until a rule matches.
+
+Generation builds the rules around the target request: rules before the matching one
+fail for it (`near_misses` of them on exactly one condition, so a careless reading goes
+wrong), the matching rule holds, rules after it are random. The matching position is
+uniform over `near_misses + 1 .. n_rules` plus "no rule matches" (the default queue).
+Queue names are drawn per example from a pool, so the answer cannot be guessed.
+
+Defaults (provisional, to be calibrated on a GPU): n_rules=6, conditions_per_rule=3
+(each rule has 2-3 conditions), n_attributes=5, near_misses=2, n_targets=1. The walk
+needs count_rules plus 3-6 check_rule calls (the match is never before rule 3), about
+5 tool calls on average: an untrained 0.6B-1.7B model that follows the system prompt can
+do it but often stops early, skips a rule or misreads a near miss, which we expect to
+put it in the 0.2-0.7 band. n_targets > 1 asks for the queue that receives the most of
+several requests (a harder, much longer walk).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections import Counter
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ait.families.base import Example, Family, ToolCall
+from ait.spec import EvalFormat, ToolParam, ToolSpec
+
+# name -> ("int", lo, hi) or ("cat", [values])
+ATTRIBUTES: dict[str, tuple] = {
+    "priority": ("int", 1, 5),
+    "region": ("cat", ["eu", "us", "apac", "latam"]),
+    "customer_tier": ("cat", ["free", "silver", "gold", "platinum"]),
+    "channel": ("cat", ["email", "phone", "chat", "web"]),
+    "product": ("cat", ["billing", "storage", "compute", "network", "auth"]),
+    "language": ("cat", ["en", "de", "fr", "es", "ja"]),
+    "age_days": ("int", 0, 30),
+    "prior_contacts": ("int", 0, 6),
+}
+QUEUES = [
+    "escalations", "billing-support", "eu-tier2", "vip-desk", "chat-triage", "fraud-review",
+    "onboarding", "tech-l2", "returns", "account-security", "priority-desk", "apac-regional",
+    "legal-review", "retention", "hardware-rma", "network-ops", "enterprise-success", "refunds",
+    "compliance", "outage-response", "partner-desk", "spanish-support", "german-support", "quality-review",
+]
+DEFAULT_QUEUES = ["general", "standard", "backlog", "tier1", "inbox", "unassigned"]
+INT_OPS = [">=", "<=", ">", "<"]
+CAT_OPS = ["==", "!=", "in", "not in"]
+PROMPTS_ONE = [
+    "Route request {ids}: which queue does it go to?",
+    "Which queue should request {ids} be routed to?",
+    "Using the routing rules, which queue does request {ids} go to?",
+]
+PROMPTS_MANY = [
+    "Route requests {ids}. Which queue receives the most of these requests?",
+    "Route each of the requests {ids} with the routing rules and report the queue that receives the most of them.",
+]
+ANSWER_RE = re.compile(r"answer\s*[:=]\s*(.*)", re.IGNORECASE)
+ID_RE = re.compile(r"REQ-\d{4}")
+
+
+class DispatchDifficulty(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    n_rules: int = Field(default=6, ge=2, le=12)
+    """Rules in the table (the default queue is extra)."""
+    conditions_per_rule: int = Field(default=3, ge=1, le=4)
+    """Most conditions in one rule; each rule has this many or one fewer (at least 1)."""
+    n_attributes: int = Field(default=5, ge=2, le=len(ATTRIBUTES))
+    """Attributes each request carries (a subset of the attribute pool)."""
+    near_misses: int = Field(default=2, ge=0, le=11)
+    """Rules before the matching one that fail on exactly one condition (the match comes after them)."""
+    n_targets: int = Field(default=1, ge=1, le=3)
+    """Requests to route; above 1 the answer is the queue that receives the most of them."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "DispatchDifficulty":
+        if self.near_misses >= self.n_rules:
+            raise ValueError("near_misses must be below n_rules")
+        if self.conditions_per_rule > self.n_attributes:
+            raise ValueError("conditions_per_rule must not exceed n_attributes")
+        return self
+
+
+# ---------------------------------------------------------------- rule semantics and text
+
+
+def holds(cond: dict[str, Any], value: Any) -> bool:
+    op, target = cond["op"], cond["value"]
+    if op == ">=":
+        return value >= target
+    if op == "<=":
+        return value <= target
+    if op == ">":
+        return value > target
+    if op == "<":
+        return value < target
+    if op == "==":
+        return value == target
+    if op == "!=":
+        return value != target
+    if op == "in":
+        return value in target
+    if op == "not in":
+        return value not in target
+    raise ValueError(f"unknown operator {op!r}")
+
+
+def fmt_value(value: Any) -> str:
+    return json.dumps(value)  # ints plain, strings quoted, lists as ["a", "b"]
+
+
+def fmt_condition(cond: dict[str, Any]) -> str:
+    return f"{cond['attr']} {cond['op']} {fmt_value(cond['value'])}"
+
+
+def fmt_rule(index: int, rule: dict[str, Any]) -> str:
+    conds = " and ".join(fmt_condition(c) for c in rule["conditions"])
+    return f"rule {index}: if {conds} -> queue {rule['queue']}"
+
+
+def first_match(world: dict[str, Any], request_id: str) -> str:
+    """The queue the request is routed to (first rule whose conditions all hold, else default)."""
+    attrs = world["requests"][request_id]
+    for rule in world["rules"]:
+        if all(holds(c, attrs[c["attr"]]) for c in rule["conditions"]):
+            return rule["queue"]
+    return world["default_queue"]
+
+
+def mode_queue(queues: list[str]) -> str | None:
+    """The single most common queue, or None on a tie."""
+    counts = Counter(queues).most_common()
+    if len(counts) > 1 and counts[0][1] == counts[1][1]:
+        return None
+    return counts[0][0]
+
+
+def normalize_queue(text: str) -> str:
+    """'Queue: "Billing Support".' -> 'billing-support' (case, quotes, spaces/underscores/hyphens)."""
+    t = (text or "").strip().lower()
+    t = re.sub(r"[*`'\"“”‘’]", "", t)
+    t = re.sub(r"^(the\s+)?(queue\b\s*[:=]?\s*)?", "", t)
+    t = t.strip(" .,;:!?()[]{}<>")
+    t = re.sub(r"\s+queue$", "", t)
+    return re.sub(r"[\s_\-]+", "-", t).strip("-")
+
+
+def to_index(x: Any) -> int | None:
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, int):
+        return x
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    if isinstance(x, str) and re.fullmatch(r"\s*[+]?\d+\s*", x):
+        return int(x)
+    return None
+
+
+def to_request_id(x: Any) -> str | None:
+    if not isinstance(x, (str, int)) or isinstance(x, bool):
+        return None
+    s = str(x).strip().strip("\"'").upper()
+    if s.isdigit():
+        s = f"REQ-{s}"
+    return s or None
+
+
+# ---------------------------------------------------------------- tools
+
+
+def make_tools(world: dict[str, Any]) -> list[Callable[..., str]]:
+    rules, requests, default = world["rules"], world["requests"], world["default_queue"]
+    order = world["attributes"]
+    n = len(rules)
+
+    def find(request_id: Any) -> tuple[str | None, str | None]:
+        rid = to_request_id(request_id)
+        if rid is None or rid not in requests:
+            return None, f"error: no request {str(request_id)[:40]!r}; request ids look like REQ-1234"
+        return rid, None
+
+    def bad_index(index: Any) -> str | None:
+        i = to_index(index)
+        if i is None or not 1 <= i <= n:
+            return f"error: rule index must be an integer from 1 to {n}"
+        return None
+
+    def get_request(request_id: str) -> str:
+        """Look up a request's attributes.
+
+        Args:
+            request_id: The request id, e.g. "REQ-4821".
+
+        Returns:
+            The attributes as "name=value" pairs, or a line starting with "error:".
+        """
+        rid, err = find(request_id)
+        if err:
+            return err
+        attrs = requests[rid]
+        return f"{rid}: " + ", ".join(f"{a}={attrs[a]}" for a in order)
+
+    def count_rules() -> str:
+        """Say how many routing rules there are and name the default queue.
+
+        Returns:
+            The number of rules and the default queue.
+        """
+        return (f"{n} rules (1-{n}), checked in order; the first rule whose conditions all hold "
+                f"decides the queue; if none holds, the default queue is {default}")
+
+    def get_rule(index: int) -> str:
+        """Read one routing rule: its conditions (all must hold) and its queue.
+
+        Args:
+            index: The rule's position in the table, starting at 1.
+
+        Returns:
+            The rule as text, or a line starting with "error:".
+        """
+        err = bad_index(index)
+        if err:
+            return err
+        i = to_index(index)
+        return fmt_rule(i, rules[i - 1])
+
+    def check_rule(rule_index: int, request_id: str) -> str:
+        """Check whether every condition of one rule holds for one request.
+
+        Args:
+            rule_index: The rule's position in the table, starting at 1.
+            request_id: The request id, e.g. "REQ-4821".
+
+        Returns:
+            Whether the rule matches (and its queue), or which conditions failed.
+        """
+        err = bad_index(rule_index)
+        if err:
+            return err
+        rid, err = find(request_id)
+        if err:
+            return err
+        i = to_index(rule_index)
+        rule, attrs = rules[i - 1], requests[rid]
+        failed = [c for c in rule["conditions"] if not holds(c, attrs[c["attr"]])]
+        if not failed:
+            return f"rule {i} matches {rid} -> queue {rule['queue']}"
+        why = "; ".join(f"{fmt_condition(c)} (request has {c['attr']}={attrs[c['attr']]})" for c in failed)
+        return f"rule {i} does not match {rid}: failed {why}"
+
+    return [get_request, count_rules, get_rule, check_rule]
+
+
+# ---------------------------------------------------------------- generation
+
+
+def random_condition(rng: random.Random, attr: str) -> dict[str, Any]:
+    """A non-trivial condition (some values pass, some fail) on one attribute."""
+    kind = ATTRIBUTES[attr]
+    if kind[0] == "int":
+        lo, hi = kind[1], kind[2]
+        op = rng.choice(INT_OPS)
+        value = rng.randint(lo + 1, hi) if op in (">=", "<") else rng.randint(lo, hi - 1)
+        return {"attr": attr, "op": op, "value": value}
+    values = kind[1]
+    op = rng.choice(CAT_OPS)
+    if op in ("==", "!="):
+        return {"attr": attr, "op": op, "value": rng.choice(values)}
+    return {"attr": attr, "op": op, "value": sorted(rng.sample(values, 2), key=values.index)}
+
+
+def condition_with(rng: random.Random, attr: str, value: Any, want: bool) -> dict[str, Any]:
+    """A non-trivial condition on attr that holds (want=True) or fails for value."""
+    while True:  # every attribute admits both outcomes for any value, so this ends quickly
+        cond = random_condition(rng, attr)
+        if holds(cond, value) == want:
+            return cond
+
+
+def random_request(rng: random.Random, attrs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for a in attrs:
+        kind = ATTRIBUTES[a]
+        out[a] = rng.randint(kind[1], kind[2]) if kind[0] == "int" else rng.choice(kind[1])
+    return out
+
+
+def build_rule(rng: random.Random, d: DispatchDifficulty, attrs: list[str], request: dict[str, Any],
+               kind: str) -> list[dict[str, Any]]:
+    """Conditions of one rule relative to the request: 'match', 'near' (exactly one fails),
+    'fail' (at least one fails) or 'any'."""
+    k = rng.randint(max(1, d.conditions_per_rule - 1), d.conditions_per_rule)
+    chosen = rng.sample(attrs, k)
+    if kind == "match":
+        return [condition_with(rng, a, request[a], True) for a in chosen]
+    if kind == "near":
+        bad = rng.randrange(k)
+        return [condition_with(rng, a, request[a], i != bad) for i, a in enumerate(chosen)]
+    if kind == "fail":
+        conds = [random_condition(rng, a) for a in chosen]
+        if all(holds(c, request[c["attr"]]) for c in conds):
+            i = rng.randrange(k)
+            conds[i] = condition_with(rng, chosen[i], request[chosen[i]], False)
+        return conds
+    return [random_condition(rng, a) for a in chosen]
+
+
+class Dispatch(Family):
+    name = "dispatch"
+    description = (
+        "Rule-based request routing: an ordered rule table (first match wins, each rule a "
+        "conjunction of attribute conditions, plus a default queue) decides which queue a "
+        "request goes to. Neither the rules nor the request's attributes are in the prompt; "
+        "the model must read them with the tools (or check rules one by one in order until "
+        "one matches) and report the queue name."
+    )
+    Difficulty = DispatchDifficulty
+
+    def example(self, rng: random.Random, difficulty: BaseModel) -> Example:
+        d = DispatchDifficulty.model_validate(difficulty.model_dump())
+        while True:
+            world = self._world(rng, d)
+            if world is not None:
+                break
+        targets = world["targets"]
+        if len(targets) == 1:
+            ids = targets[0]
+            prompt = rng.choice(PROMPTS_ONE).format(ids=ids)
+        else:
+            ids = ", ".join(targets[:-1]) + " and " + targets[-1]
+            prompt = rng.choice(PROMPTS_MANY).format(ids=ids)
+        answer = mode_queue([first_match(world, t) for t in targets])
+        assert answer is not None
+        return Example(prompt=prompt, world=world, answer=answer)
+
+    def _world(self, rng: random.Random, d: DispatchDifficulty) -> dict[str, Any] | None:
+        names = list(ATTRIBUTES)
+        attrs = sorted(rng.sample(names, d.n_attributes), key=names.index)
+        queues = rng.sample(QUEUES, d.n_rules)
+        default = rng.choice(DEFAULT_QUEUES)
+        first = random_request(rng, attrs)
+        # position of the matching rule (1-based); n_rules + 1 means the default queue
+        pos = rng.randint(d.near_misses + 1, d.n_rules + 1)
+        near = set(rng.sample(range(1, pos), d.near_misses))
+        rules = []
+        for i in range(1, d.n_rules + 1):
+            kind = "near" if i in near else "fail" if i < pos else "match" if i == pos else "any"
+            rules.append({"conditions": build_rule(rng, d, attrs, first, kind), "queue": queues[i - 1]})
+        n_ids = d.n_targets + rng.randint(3, 6)
+        ids = [f"REQ-{x}" for x in rng.sample(range(1000, 10000), n_ids)]
+        requests = {ids[0]: first}
+        for rid in ids[d.n_targets:]:
+            requests[rid] = random_request(rng, attrs)
+        world = {"attributes": attrs, "rules": rules, "default_queue": default, "requests": requests}
+        # further targets: at least one more goes where the first goes, so the busiest queue is unique
+        win = first_match(world, ids[0])
+        for j, rid in enumerate(ids[1:d.n_targets]):
+            for _ in range(200):
+                req = self._request_towards(rng, world, attrs, win) if j == 0 else random_request(rng, attrs)
+                requests[rid] = req
+                if j == 0 and first_match(world, rid) != win:
+                    continue
+                break
+            else:
+                return None
+        targets = ids[:d.n_targets]
+        if mode_queue([first_match(world, t) for t in targets]) is None:
+            return None
+        rng.shuffle(targets)
+        items = list(requests.items())
+        rng.shuffle(items)
+        world["requests"] = dict(items)
+        world["targets"] = targets
+        return world
+
+    @staticmethod
+    def _request_towards(rng: random.Random, world: dict[str, Any], attrs: list[str], queue: str) -> dict[str, Any]:
+        """A random request that satisfies the conditions of the rule routing to `queue` (if any)."""
+        req = random_request(rng, attrs)
+        for rule in world["rules"]:
+            if rule["queue"] == queue:
+                for c in rule["conditions"]:
+                    while not holds(c, req[c["attr"]]):
+                        req[c["attr"]] = random_request(rng, [c["attr"]])[c["attr"]]
+        return req
+
+    def tools(self, world: dict[str, Any]) -> list[Callable[..., str]]:
+        return make_tools(world)
+
+    def score(self, response: str, answer: str) -> float:
+        text = re.sub(r"[*`]", "", response or "")
+        found = [m.group(1) for line in text.splitlines() if (m := ANSWER_RE.search(line))]
+        if not found:
+            return 0.0
+        got = normalize_queue(found[-1])
+        return 1.0 if got and got == normalize_queue(answer) else 0.0
+
+    def gold_trace(self, example: Example) -> list[ToolCall]:
+        world = example.world
+        calls = [ToolCall(name="count_rules", arguments={})]
+        for rid in world["targets"]:
+            attrs = world["requests"][rid]
+            for i, rule in enumerate(world["rules"], start=1):
+                calls.append(ToolCall(name="check_rule", arguments={"rule_index": i, "request_id": rid}))
+                if all(holds(c, attrs[c["attr"]]) for c in rule["conditions"]):
+                    break
+        return calls
+
+    def eval_format(self, difficulty: BaseModel) -> EvalFormat:
+        d = DispatchDifficulty.model_validate(difficulty.model_dump())
+        what = "the queue that receives the most of the requests" if d.n_targets > 1 else "the queue"
+        return EvalFormat(
+            system_prompt=(
+                "You are a routing assistant. Requests are routed by an ordered rule table: rules "
+                "are checked in order, the first rule whose conditions all hold decides the queue, "
+                "and a request no rule matches goes to the default queue. The rules and the "
+                "requests are only available through the tools: use count_rules, then check_rule "
+                "for rule 1, 2, 3, ... until one matches (or read rules with get_rule and requests "
+                f"with get_request). When done, reply with the final line 'Answer: <queue name>' "
+                f"naming {what}."
+            ),
+            tools=[
+                ToolSpec(
+                    name="get_request",
+                    description="Look up a request's attributes by id; returns 'REQ-1234: name=value, ...' "
+                    "(errors start with 'error:').",
+                    parameters=[ToolParam(name="request_id", type="string", description='request id, e.g. "REQ-4821"')],
+                    returns="the request's attributes as text",
+                    example={"request_id": "REQ-1234"},
+                ),
+                ToolSpec(
+                    name="count_rules",
+                    description="How many rules the table has (numbered from 1) and the default queue for "
+                    "requests that match no rule.",
+                    parameters=[],
+                    returns="the rule count and the default queue as text",
+                    example={},
+                ),
+                ToolSpec(
+                    name="get_rule",
+                    description="Read rule number `index` (from 1): its conditions, all of which must hold, "
+                    "and the queue it routes to (errors start with 'error:').",
+                    parameters=[ToolParam(name="index", type="integer", description="rule position, starting at 1")],
+                    returns="the rule as text, e.g. 'rule 2: if priority >= 3 and region == \"eu\" -> queue escalations'",
+                    example={"index": 1},
+                ),
+                ToolSpec(
+                    name="check_rule",
+                    description="Check whether every condition of rule `rule_index` holds for a request: "
+                    "'rule 2 matches REQ-4821 -> queue escalations', or 'rule 2 does not match REQ-4821: "
+                    "failed ...' naming the failed conditions (errors start with 'error:').",
+                    parameters=[
+                        ToolParam(name="rule_index", type="integer", description="rule position, starting at 1"),
+                        ToolParam(name="request_id", type="string", description='request id, e.g. "REQ-4821"'),
+                    ],
+                    returns="whether the rule matches and its queue, or which conditions failed",
+                    example={"rule_index": 1, "request_id": "REQ-1234"},
+                ),
+            ],
+            answer_format="The last line of the final reply is 'Answer: <queue name>', e.g. 'Answer: billing-support'.",
+            max_turns=min(32, d.n_targets * d.n_rules + 2),
+            max_new_tokens=128,
+        )

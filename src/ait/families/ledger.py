@@ -1,0 +1,359 @@
+"""ledger: bookkeeping over an ordered list of transactions, with an overdraft rule.
+
+"Ledger L4821 has accounts cash, checking and savings. After processing all of its
+transactions in order (...), what is the final balance of account 'savings'?" The
+opening balances and the transactions live in the world, reachable only through the
+tools: `list_transactions()` shows the raw list (and so its length), `apply_transaction(i)`
+processes the ledger in order through transaction #i and reports that transaction's
+outcome (applied / rejected, fee charged) and every balance right after it, and
+`get_balance(account)` gives an account's opening balance.
+
+Rules (stated in the prompt and the system prompt): a withdrawal or transfer that would
+make its source balance negative is rejected and skipped; a fee takes the given percent
+of the account's current balance, rounded down. All amounts are integers.
+
+The tools are pure functions of (world, arguments): the hidden eval rebuilds the tools
+for every call (`Family.call_tool`) and reuses one world for the pre and post evals, so
+state kept in a closure or written into the world would be lost or leak. "Processing
+through #i" is deterministic, which gives the same answers a stateful ledger would.
+
+Question types: `balance` (final balance of one account: list -> apply(last), 2 dependent
+calls), `net_change` (final minus opening, signed: also get_balance), `rejected` (how many
+transactions were rejected: apply every index) and `fees` (total fees charged: apply every
+fee). The queried account always ends away from its opening balance, so the opening
+balance is never the answer to a balance question and a net change is never 0.
+
+Defaults (provisional; calibrated later on a GPU): 3 accounts, 8-12 transactions (the
+count varies so the last index must be read, not memorised), fees 15% and overdraft
+attempts 20% of the time, questions `balance,net_change`. Reasoning: the default path is
+2-3 dependent tool calls and reading one number out of a short balances line, which a
+small untrained model can manage sometimes (opening balance trap, wrong index, misreading
+the line) but not reliably; `rejected` and `fees` need a call per transaction and are
+left as harder knobs (their small-integer answers would also make guessing too easy).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ait.families.base import Example, Family, ToolCall
+from ait.spec import EvalFormat, ToolParam, ToolSpec
+
+ACCOUNT_NAMES = ["checking", "savings", "cash", "travel", "rent", "payroll", "reserve", "groceries"]
+QUESTION_TYPES = ("balance", "net_change", "rejected", "fees")
+RULES = ("a withdrawal or transfer that would make a balance negative is rejected and skipped; "
+         "a fee takes the given percent of the account's current balance, rounded down")
+ANSWER_RE = re.compile(r"answer\s*[:=]\s*([+\-−]?)\s*\$?\s*([+\-−]?)\s*(\d[\d,]*)(\.\d+)?", re.IGNORECASE)
+ANSWER_LINE_RE = re.compile(r"answer\s*[:=]", re.IGNORECASE)
+
+
+class LedgerDifficulty(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    n_accounts: int = Field(default=3, ge=2, le=6)
+    """Accounts in the ledger."""
+    min_transactions: int = Field(default=8, ge=2, le=20)
+    """Fewest transactions in a ledger."""
+    max_transactions: int = Field(default=12, ge=2, le=20)
+    """Most transactions in a ledger (the count is drawn uniformly in between)."""
+    fee_frequency: float = Field(default=0.15, ge=0.0, le=0.5)
+    """Probability that a transaction is a percentage fee."""
+    overdraft_probability: float = Field(default=0.2, ge=0.0, le=0.8)
+    """Probability that a withdrawal or transfer asks for more than its account holds (rejected)."""
+    questions: str = Field(default="balance,net_change",
+                           pattern=r"^(balance|net_change|rejected|fees)(,(balance|net_change|rejected|fees))*$")
+    """Comma-separated question types drawn uniformly: balance, net_change, rejected, fees."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "LedgerDifficulty":
+        if self.min_transactions > self.max_transactions:
+            raise ValueError("min_transactions must not exceed max_transactions")
+        if "fees" in self.question_types() and self.fee_frequency == 0:
+            raise ValueError("the 'fees' question needs fee_frequency above 0")
+        return self
+
+    def question_types(self) -> list[str]:
+        return list(dict.fromkeys(self.questions.split(",")))
+
+
+# ---------------------------------------------------------------- ledger semantics
+
+
+def describe(tx: dict[str, Any]) -> str:
+    kind = tx["kind"]
+    if kind == "deposit":
+        return f"deposit {tx['amount']} into {tx['account']}"
+    if kind == "withdrawal":
+        return f"withdraw {tx['amount']} from {tx['account']}"
+    if kind == "transfer":
+        return f"transfer {tx['amount']} from {tx['account']} to {tx['to']}"
+    return f"fee {tx['percent']}% on {tx['account']}"
+
+
+def step(balances: dict[str, int], tx: dict[str, Any]) -> tuple[bool, int]:
+    """Apply one transaction in place; returns (applied, fee charged)."""
+    kind, acct = tx["kind"], tx["account"]
+    if kind == "deposit":
+        balances[acct] += tx["amount"]
+    elif kind in ("withdrawal", "transfer"):
+        if balances[acct] - tx["amount"] < 0:
+            return False, 0
+        balances[acct] -= tx["amount"]
+        if kind == "transfer":
+            balances[tx["to"]] += tx["amount"]
+    else:
+        charged = balances[acct] * tx["percent"] // 100
+        balances[acct] -= charged
+        return True, charged
+    return True, 0
+
+
+def process(world: dict[str, Any], upto: int) -> tuple[dict[str, int], list[tuple[bool, int]]]:
+    """Balances after transactions #1..#upto, and each one's (applied, charged)."""
+    balances = dict(world["accounts"])
+    outcomes = [step(balances, tx) for tx in world["transactions"][:upto]]
+    return balances, outcomes
+
+
+def format_balances(balances: dict[str, int]) -> str:
+    return ", ".join(f"{name}={balances[name]}" for name in sorted(balances))
+
+
+def as_index(value: Any) -> int | None:
+    """An index argument as an int: ints, integral floats and digit strings; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"\s*#?\s*[+-]?\d{1,6}\s*", value):
+        return int(value.replace("#", "").strip())
+    return None
+
+
+def make_tools(world: dict[str, Any]) -> list[Callable[..., str]]:
+    txs = world.get("transactions") or []
+    accounts = world.get("accounts") or {}
+    n = len(txs)
+
+    def list_transactions() -> str:
+        """List the ledger's transactions in processing order, numbered from 1.
+
+        Returns:
+            One line per transaction, e.g. '#2 withdraw 300 from checking'.
+        """
+        lines = [f"Ledger {world.get('ledger', '?')}: {n} transactions, processed in order #1..#{n}."]
+        lines += [f"#{i} {describe(tx)}" for i, tx in enumerate(txs, 1)]
+        return "\n".join(lines)
+
+    def apply_transaction(index: int) -> str:
+        """Process the ledger in order through transaction #index and report its outcome.
+
+        Every earlier transaction is processed first, from the opening balances; a withdrawal
+        or transfer that would make a balance negative is rejected and skipped, and a fee
+        takes the given percent of the current balance, rounded down.
+
+        Args:
+            index: The transaction number, from 1 to the number of transactions.
+
+        Returns:
+            The transaction's outcome and every balance right after it.
+        """
+        i = as_index(index)
+        if i is None or not 1 <= i <= n:
+            return f"error: index must be an integer from 1 to {n}, got {str(index)[:40]!r}"
+        balances, outcomes = process(world, i)
+        tx = txs[i - 1]
+        applied, charged = outcomes[-1]
+        if not applied:
+            held = balances[tx["account"]]
+            outcome = f"rejected ({tx['account']} has only {held})"
+        elif tx["kind"] == "fee":
+            outcome = f"applied, charged {charged}"
+        else:
+            outcome = "applied"
+        return f"#{i} {describe(tx)}: {outcome}. Balances after #{i}: {format_balances(balances)}"
+
+    def get_balance(account: str) -> str:
+        """Look up an account's opening balance, before transaction #1 is processed.
+
+        Args:
+            account: The account name, e.g. 'savings'.
+
+        Returns:
+            The opening balance as text.
+        """
+        name = str(account).strip().strip("'\"").lower()
+        if name not in accounts:
+            return f"error: unknown account {str(account)[:40]!r}; accounts: {', '.join(sorted(accounts))}"
+        return f"Opening balance of {name}: {accounts[name]} (before transaction #1)"
+
+    return [list_transactions, apply_transaction, get_balance]
+
+
+# ---------------------------------------------------------------- generation
+
+
+def gen_ledger(rng: random.Random, d: LedgerDifficulty) -> dict[str, Any]:
+    names = rng.sample(ACCOUNT_NAMES, d.n_accounts)
+    opening = {name: rng.randint(50, 1500) for name in names}
+    balances = dict(opening)
+    txs: list[dict[str, Any]] = []
+    for _ in range(rng.randint(d.min_transactions, d.max_transactions)):
+        acct = rng.choice(names)
+        if rng.random() < d.fee_frequency:
+            tx = {"kind": "fee", "account": acct, "percent": rng.randint(1, 10)}
+        else:
+            kind = rng.choice(["deposit", "withdrawal", "transfer"])
+            if kind == "deposit":
+                tx = {"kind": "deposit", "account": acct, "amount": rng.randint(10, 600)}
+            else:
+                if rng.random() < d.overdraft_probability:
+                    amount = balances[acct] + rng.randint(1, 400)
+                elif balances[acct] >= 10:
+                    amount = rng.randint(5, min(balances[acct], 800))
+                else:
+                    kind, amount = "deposit", rng.randint(10, 600)
+                tx = {"kind": kind, "account": acct, "amount": amount}
+                if kind == "transfer":
+                    tx["to"] = rng.choice([n for n in names if n != acct])
+        step(balances, tx)
+        txs.append(tx)
+    return {"accounts": opening, "transactions": txs}
+
+
+class Ledger(Family):
+    name = "ledger"
+    description = (
+        "Stateful bookkeeping: a ledger holds a few accounts with opening balances and an ordered "
+        "list of deposits, withdrawals, transfers and percentage fees; overdrawing withdrawals and "
+        "transfers are rejected. The transactions are only reachable through tools: the model must "
+        "list them, process the ledger with apply_transaction (and look up opening balances) and "
+        "report the asked integer (a final balance, a net change, a count of rejections or total fees)."
+    )
+    Difficulty = LedgerDifficulty
+
+    def example(self, rng: random.Random, difficulty: BaseModel) -> Example:
+        d = LedgerDifficulty.model_validate(difficulty.model_dump())
+        qtype = rng.choice(d.question_types())
+        ledger_id = f"L{rng.randint(1000, 99999)}"
+        while True:  # redraw until the question has a non-trivial answer (bounded in practice)
+            world = gen_ledger(rng, d)
+            world["ledger"] = ledger_id
+            final, outcomes = process(world, len(world["transactions"]))
+            moved = [a for a in world["accounts"] if final[a] != world["accounts"][a]]
+            if qtype in ("balance", "net_change") and moved:
+                account = rng.choice(moved)
+                value = final[account] - (world["accounts"][account] if qtype == "net_change" else 0)
+                break
+            if qtype == "rejected":
+                account, value = None, sum(1 for ok, _ in outcomes if not ok)
+                break
+            if qtype == "fees" and sum(c for _, c in outcomes) > 0:
+                account, value = None, sum(c for _, c in outcomes)
+                break
+        world["question"] = {"type": qtype, "account": account}
+        names = sorted(world["accounts"])
+        accts = ", ".join(names[:-1]) + " and " + names[-1]
+        head = (f"Ledger {ledger_id} has accounts {accts}. After processing all of its transactions in "
+                f"order ({RULES}),")
+        if qtype == "balance":
+            ask = f"what is the final balance of account '{account}'?"
+        elif qtype == "net_change":
+            ask = (f"by how much did the balance of account '{account}' change from its opening balance? "
+                   "Give a signed integer (negative if it went down).")
+        elif qtype == "rejected":
+            ask = "how many transactions were rejected?"
+        else:
+            ask = "how much was charged in fees in total, across all accounts?"
+        return Example(prompt=f"{head} {ask}", world=world, answer=str(value))
+
+    def tools(self, world: dict[str, Any]) -> list[Callable[..., str]]:
+        return make_tools(world)
+
+    def score(self, response: str, answer: str) -> float:
+        got, gold = parse_answer(response or ""), parse_answer(f"Answer: {answer}")
+        return 1.0 if got is not None and got == gold else 0.0
+
+    def gold_trace(self, example: Example) -> list[ToolCall]:
+        world = example.world
+        q, n = world["question"], len(world["transactions"])
+        calls = [ToolCall(name="list_transactions", arguments={})]
+        if q["type"] == "net_change":
+            calls.append(ToolCall(name="get_balance", arguments={"account": q["account"]}))
+        if q["type"] in ("balance", "net_change"):
+            indices = [n]
+        elif q["type"] == "rejected":
+            indices = list(range(1, n + 1))
+        else:
+            indices = [i for i, tx in enumerate(world["transactions"], 1) if tx["kind"] == "fee"]
+        calls += [ToolCall(name="apply_transaction", arguments={"index": i}) for i in indices]
+        return calls
+
+    def eval_format(self, difficulty: BaseModel) -> EvalFormat:
+        d = LedgerDifficulty.model_validate(difficulty.model_dump())
+        per_tx = {"rejected", "fees"} & set(d.question_types())
+        longest_trace = 1 + d.max_transactions if per_tx else 3
+        return EvalFormat(
+            system_prompt=(
+                "You are a careful bookkeeping assistant. The ledger's transactions are not in the "
+                "question: call list_transactions to see them, apply_transaction to process the ledger "
+                "in order through a transaction number (it reports that transaction's outcome and every "
+                "balance right after it), and get_balance for an account's opening balance. Rules: "
+                f"{RULES}. When done, reply with the final line 'Answer: <integer>'."
+            ),
+            tools=[
+                ToolSpec(
+                    name="list_transactions",
+                    description="List the ledger's transactions in processing order, numbered from 1 "
+                    "(the header says how many there are).",
+                    parameters=[],
+                    returns="a header line, then one line per transaction, e.g. '#2 withdraw 300 from checking'",
+                    example={},
+                ),
+                ToolSpec(
+                    name="apply_transaction",
+                    description="Process the ledger in order from the opening balances through transaction "
+                    "#index and report that transaction's outcome (applied, rejected, or the fee charged) "
+                    "and every balance right after it. Errors start with 'error:'.",
+                    parameters=[ToolParam(name="index", type="integer",
+                                          description="transaction number, from 1 to the number of transactions")],
+                    returns="e.g. '#3 withdraw 300 from checking: applied. Balances after #3: cash=40, checking=120'",
+                    example={"index": 1},
+                ),
+                ToolSpec(
+                    name="get_balance",
+                    description="An account's opening balance, before transaction #1 (an unknown account "
+                    "is an error listing the accounts).",
+                    parameters=[ToolParam(name="account", type="string", description="account name, e.g. 'savings'")],
+                    returns="e.g. 'Opening balance of savings: 1200 (before transaction #1)'",
+                    example={"account": "checking"},
+                ),
+            ],
+            answer_format="The last line of the final reply is 'Answer: <integer>', e.g. 'Answer: 1250' "
+            "or 'Answer: -75'.",
+            max_turns=longest_trace + 2,
+            max_new_tokens=128,
+        )
+
+
+def parse_answer(text: str) -> int | None:
+    """The integer on the last 'Answer:' line: '$1,234', '+5', '1234.0', '−$75' accepted; None otherwise."""
+    lines = [ln for ln in text.splitlines() if ANSWER_LINE_RE.search(ln)]
+    if not lines:
+        return None
+    matches = ANSWER_RE.findall(lines[-1])
+    if not matches:
+        return None
+    sign1, sign2, digits, frac = matches[-1]
+    if frac and set(frac[1:]) != {"0"}:
+        return None
+    if sign1 and sign2:
+        return None
+    value = int(digits.replace(",", ""))
+    return -value if (sign1 or sign2) in ("-", "−") else value

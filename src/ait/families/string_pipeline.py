@@ -1,0 +1,353 @@
+"""string_pipeline: composed string transforms on a string the prompt does not contain.
+
+"Take record R7. Reverse it, then rotate it left by 3, then replace every 'a' with 'x'.
+What is the resulting string?" The record's text (a random mix of letters and digits)
+lives only in the world: the model must fetch it with `get_record`, then apply each step
+with one `transform` call, feeding every result into the next call, and report the exact
+final string (case-sensitive).
+
+Defaults (provisional, to be calibrated on a GPU): n_transforms=3 (four dependent tool
+calls: one fetch and three transforms), strings of 10-16 characters, all eleven ops,
+rotations and Caesar shifts of 1-5, four records per world (the target plus three
+distractors, so reading the wrong id gives a wrong answer). Reasoning: a small untrained
+model cannot guess the hidden string at all, so its score comes only from running the
+chain; mapping a phrase to an op name and copying the previous result forward three
+times is within reach of a 0.6B-1.7B tool-calling model but error-prone, which should
+land the base score in the weak-but-not-hopeless band. Every step is drawn so that it
+changes the string (no no-op steps), so skipping a step always gives a wrong answer.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import string
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ait.families.base import Example, Family, ToolCall
+from ait.spec import EvalFormat, ToolParam, ToolSpec
+
+OPS = ["reverse", "upper", "lower", "rotate_left", "rotate_right", "replace", "drop_vowels", "every_other",
+       "caesar", "sort_chars", "dedupe"]
+NUMERIC_OPS = {"rotate_left", "rotate_right", "caesar"}
+OP_HELP = {
+    "reverse": "reverse the string",
+    "upper": "uppercase every letter",
+    "lower": "lowercase every letter",
+    "rotate_left": "move the first N characters to the end (arg: N)",
+    "rotate_right": "move the last N characters to the front (arg: N)",
+    "replace": "replace every occurrence of A with B, case-sensitive (arg: 'A->B')",
+    "drop_vowels": "remove the vowels a, e, i, o, u (either case)",
+    "every_other": "keep the characters at positions 0, 2, 4, ... (the 1st, 3rd, 5th, ...)",
+    "caesar": "shift every letter N places forward in the alphabet, wrapping, keeping case; digits unchanged (arg: N)",
+    "sort_chars": "sort the characters in ASCII order (digits, then uppercase, then lowercase)",
+    "dedupe": "remove repeated characters, keeping the first occurrence of each (case-sensitive)",
+}
+PHRASES = {
+    "reverse": ["reverse it", "write it backwards"],
+    "upper": ["convert it to uppercase", "make every letter uppercase"],
+    "lower": ["convert it to lowercase", "make every letter lowercase"],
+    "rotate_left": ["rotate it left by {n}", "move its first {n} characters to the end"],
+    "rotate_right": ["rotate it right by {n}", "move its last {n} characters to the front"],
+    "replace": ["replace every '{a}' with '{b}'", "change each '{a}' into '{b}'"],
+    "drop_vowels": ["remove the vowels", "drop every vowel"],
+    "every_other": ["keep every other character, starting with the first",
+                    "take the characters at even positions (0, 2, 4, ...)"],
+    "caesar": ["apply a Caesar shift of {n}", "shift every letter {n} places forward in the alphabet"],
+    "sort_chars": ["sort its characters", "arrange its characters in ASCII order"],
+    "dedupe": ["remove repeated characters, keeping the first of each", "delete duplicate characters"],
+}
+VOWELS = set("aeiouAEIOU")
+ALPHABET = string.ascii_letters + string.digits
+MAX_TEXT = 200  # longest text transform accepts; keeps tool output short
+MAX_PIECE = 10  # longest A or B in a replace arg
+ANSWER_RE = re.compile(r"answer\**\s*[:=]\**[ \t]*([^\n]*)", re.IGNORECASE)
+STRIP_CHARS = " \t\r\n\"'`"
+
+
+class StringDifficulty(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    n_transforms: int = Field(default=3, ge=1, le=10)
+    """Transforms chained after fetching the record (one transform call each)."""
+    min_length: int = Field(default=10, ge=4, le=40)
+    """Shortest record string."""
+    max_length: int = Field(default=16, ge=4, le=40)
+    """Longest record string."""
+    ops: list[str] = Field(default_factory=lambda: list(OPS), min_length=1)
+    """Which transform ops may appear (names from the transform tool)."""
+    max_shift: int = Field(default=5, ge=1, le=25)
+    """Rotation amounts and Caesar shifts are drawn from 1..max_shift."""
+    n_records: int = Field(default=4, ge=1, le=20)
+    """Records in the world (the target plus distractors)."""
+
+    @field_validator("ops")
+    @classmethod
+    def _known_ops(cls, ops: list[str]) -> list[str]:
+        unknown = [o for o in ops if o not in OPS]
+        if unknown:
+            raise ValueError(f"unknown op(s) {unknown}; known: {OPS}")
+        if len(set(ops)) != len(ops):
+            raise ValueError("ops must not repeat")
+        return ops
+
+    @model_validator(mode="after")
+    def _lengths(self) -> "StringDifficulty":
+        if self.min_length > self.max_length:
+            raise ValueError("min_length must not exceed max_length")
+        return self
+
+
+# ---------------------------------------------------------------- pure transforms
+
+
+def parse_int(arg: Any) -> int | None:
+    if isinstance(arg, bool):
+        return None
+    if isinstance(arg, int):
+        return arg
+    if isinstance(arg, str) and re.fullmatch(r"[+-]?\d{1,6}", arg.strip()):
+        return int(arg.strip())
+    return None
+
+
+def unquote(s: str) -> str:
+    s = s.strip()
+    if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"`":
+        s = s[1:-1]
+    return s
+
+
+def parse_replace(arg: Any) -> tuple[str, str] | None:
+    if not isinstance(arg, str) or "->" not in arg:
+        return None
+    old, new = arg.split("->", 1)
+    old, new = unquote(old), unquote(new)
+    if not old or len(old) > MAX_PIECE or len(new) > MAX_PIECE:
+        return None
+    return old, new
+
+
+def caesar(text: str, n: int) -> str:
+    out = []
+    for c in text:
+        if "a" <= c <= "z":
+            out.append(chr((ord(c) - 97 + n) % 26 + 97))
+        elif "A" <= c <= "Z":
+            out.append(chr((ord(c) - 65 + n) % 26 + 65))
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def apply_transform(text: str, op: str, arg: Any) -> str:
+    """The transform, or a text starting with 'error:' (never raises)."""
+    if op == "reverse":
+        return text[::-1]
+    if op == "upper":
+        return text.upper()
+    if op == "lower":
+        return text.lower()
+    if op in NUMERIC_OPS:
+        n = parse_int(arg)
+        if n is None:
+            return f"error: {op} needs arg = a whole number as text, e.g. '3'; got {arg!r}"
+        if op == "caesar":
+            return caesar(text, n)
+        if not text:
+            return text
+        k = n % len(text)
+        return text[k:] + text[:k] if op == "rotate_left" else text[len(text) - k:] + text[:len(text) - k]
+    if op == "replace":
+        pair = parse_replace(arg)
+        if pair is None:
+            return f"error: replace needs arg 'A->B' (A non-empty, each at most {MAX_PIECE} chars); got {arg!r}"
+        out = text.replace(*pair)
+        return out if len(out) <= MAX_TEXT else f"error: result longer than {MAX_TEXT} characters"
+    if op == "drop_vowels":
+        return "".join(c for c in text if c not in VOWELS)
+    if op == "every_other":
+        return text[::2]
+    if op == "sort_chars":
+        return "".join(sorted(text))
+    if op == "dedupe":
+        return "".join(dict.fromkeys(text))
+    return f"error: unknown op {op!r}; ops: {', '.join(OPS)}"
+
+
+def normalize_op(op: Any) -> str | None:
+    if not isinstance(op, str):
+        return None
+    return op.strip().lower().replace("-", "_").replace(" ", "_")
+
+
+def transform_text(text: Any, op: Any, arg: Any) -> str:
+    """Validate the arguments of a transform call, then apply it."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        text = str(text)
+    if not isinstance(text, str):
+        return f"error: text must be a string, got {type(text).__name__}"
+    if len(text) > MAX_TEXT:
+        return f"error: text longer than {MAX_TEXT} characters"
+    name = normalize_op(op)
+    if name is None:
+        return f"error: op must be a string, one of: {', '.join(OPS)}"
+    if arg is None:
+        arg = ""
+    return apply_transform(text, name, arg)
+
+
+def unanswer(text: str) -> str:
+    return text.strip().strip(STRIP_CHARS)
+
+
+# ---------------------------------------------------------------- the family
+
+
+class StringPipeline(Family):
+    name = "string_pipeline"
+    description = (
+        "Composed string transforms: fetch a stored string by its record id (the string is "
+        "not in the prompt), then apply a named sequence of transforms (reverse, rotate, "
+        "replace, Caesar shift, ...) in order with one transform tool call per step, feeding "
+        "each result into the next call, and report the exact final string."
+    )
+    Difficulty = StringDifficulty
+
+    def example(self, rng: random.Random, difficulty: BaseModel) -> Example:
+        d = StringDifficulty.model_validate(difficulty.model_dump())
+        ids = rng.sample(range(1, 100), d.n_records)
+        records = {f"R{i}": "".join(rng.choice(ALPHABET) for _ in range(rng.randint(d.min_length, d.max_length)))
+                   for i in ids}
+        target = f"R{ids[0]}" if d.n_records == 1 else f"R{rng.choice(ids)}"
+        value = records[target]
+        steps: list[dict[str, str]] = []
+        phrases: list[str] = []
+        for _ in range(d.n_transforms):
+            op, arg, phrase, out = self._draw_step(rng, d, value)
+            steps.append({"op": op, "arg": arg})
+            phrases.append(phrase)
+            value = out
+        chain = ", then ".join(phrases)
+        prompt = f"Take record {target}. {chain[0].upper()}{chain[1:]}. What is the resulting string?"
+        world = {"records": records, "record_id": target, "steps": steps}
+        return Example(prompt=prompt, world=world, answer=value)
+
+    @staticmethod
+    def _draw_step(rng: random.Random, d: StringDifficulty, value: str) -> tuple[str, str, str, str]:
+        """One (op, arg, phrase, result) that changes the string and keeps it non-empty."""
+        fallback = None
+        for _ in range(40):
+            op = rng.choice(d.ops)
+            template = rng.choice(PHRASES[op])
+            if op in NUMERIC_OPS:
+                n = rng.randint(1, d.max_shift)
+                arg, phrase = str(n), template.format(n=n)
+            elif op == "replace":
+                a = rng.choice(sorted(set(value)))
+                b = rng.choice([c for c in ALPHABET if c != a])
+                arg, phrase = f"{a}->{b}", template.format(a=a, b=b)
+            else:
+                arg, phrase = "", template
+            out = apply_transform(value, op, arg)
+            if fallback is None and out:
+                fallback = (op, arg, phrase, out)
+            if out and out != value:
+                return op, arg, phrase, out
+        # Every draw was a no-op (e.g. a one-character string): accept a non-empty one.
+        if fallback is not None:
+            return fallback
+        return "reverse", "", PHRASES["reverse"][0], value[::-1]
+
+    def tools(self, world: dict[str, Any]) -> list[Callable[..., str]]:
+        records: dict[str, str] = dict(world.get("records", {}))
+
+        def get_record(record_id: str) -> str:
+            """Fetch the stored text of a record by its id.
+
+            Args:
+                record_id: The record id from the question, e.g. "R7".
+
+            Returns:
+                The record's text, or a line starting with "error:".
+            """
+            if not isinstance(record_id, str) or not record_id.strip():
+                return "error: record_id must be a non-empty string such as 'R7'"
+            key = record_id.strip().upper()
+            if key not in records:
+                return f"error: unknown record {record_id!r}; known: {', '.join(sorted(records))}"
+            return records[key]
+
+        def transform(text: str, op: str, arg: str) -> str:
+            """Apply one string transform and return the new text.
+
+            Args:
+                text: The text to transform (the record or the previous result).
+                op: One of reverse, upper, lower, rotate_left, rotate_right, replace, drop_vowels, every_other, caesar, sort_chars, dedupe.
+                arg: The op's argument: N for rotate_left, rotate_right and caesar (e.g. "3"); "A->B" for replace; "" for the others.
+
+            Returns:
+                The transformed text, or a line starting with "error:".
+            """
+            return transform_text(text, op, arg)
+
+        return [get_record, transform]
+
+    def score(self, response: str, answer: str) -> float:
+        matches = ANSWER_RE.findall(response or "")
+        if not matches:
+            return 0.0
+        got = unanswer(matches[-1])
+        return 1.0 if got and got == unanswer(answer) else 0.0
+
+    def gold_trace(self, example: Example) -> list[ToolCall]:
+        world = example.world
+        value = world["records"][world["record_id"]]
+        calls = [ToolCall(name="get_record", arguments={"record_id": world["record_id"]})]
+        for step in world["steps"]:
+            calls.append(ToolCall(name="transform", arguments={"text": value, "op": step["op"], "arg": step["arg"]}))
+            value = apply_transform(value, step["op"], step["arg"])
+        return calls
+
+    def eval_format(self, difficulty: BaseModel) -> EvalFormat:
+        d = StringDifficulty.model_validate(difficulty.model_dump())
+        op_lines = "; ".join(f"{op}: {OP_HELP[op]}" for op in OPS)
+        return EvalFormat(
+            system_prompt=(
+                "You are a careful assistant that transforms strings with tools. First call "
+                "get_record with the record id from the question to fetch its text. Then apply "
+                "each requested step in order with one transform call, passing the previous "
+                "result as text. When done, reply with the final line 'Answer: <string>', "
+                "copying the last result exactly (case matters)."
+            ),
+            tools=[
+                ToolSpec(
+                    name="get_record",
+                    description="Fetch a record's stored text by its id (e.g. 'R7'); unknown ids give "
+                    "a text starting with 'error:'.",
+                    parameters=[ToolParam(name="record_id", type="string", description="the record id, e.g. 'R7'")],
+                    returns="the record's text",
+                    example={"record_id": "R1"},
+                ),
+                ToolSpec(
+                    name="transform",
+                    description=f"Apply one string transform to text and return the result. Ops: {op_lines}. "
+                    "Errors start with 'error:'.",
+                    parameters=[
+                        ToolParam(name="text", type="string", description="the text to transform"),
+                        ToolParam(name="op", type="string", description="the op name, e.g. 'rotate_left'"),
+                        ToolParam(name="arg", type="string",
+                                  description="N for rotate_left/rotate_right/caesar (e.g. '3'), 'A->B' for "
+                                  "replace, '' otherwise"),
+                    ],
+                    returns="the transformed text",
+                    example={"text": "Hello42", "op": "rotate_left", "arg": "2"},
+                ),
+            ],
+            answer_format="The last line of the final reply is 'Answer: <string>' with the exact final "
+            "string (case-sensitive), e.g. 'Answer: k3TqXb9'.",
+            max_turns=d.n_transforms + 2,
+            max_new_tokens=128,
+        )

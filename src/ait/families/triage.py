@@ -1,0 +1,435 @@
+"""triage (held out): on-call incident triage across services, deploys and alerts.
+
+"Incident INC-2041: checkout is returning 502s since 14:05. Which deploy is the root
+cause? Answer with the service and version."
+
+The world holds a handful of services with a dependency graph (A calls B), a day of
+deploys (service, version, time), the incident's alerts and per-service log lines.
+Exactly one deploy is the root cause: it landed shortly (6-40 min) before the first
+alert, on a service the alerting services depend on (directly or transitively), and
+that service's own logs show errors starting after the deploy. The alerting services'
+logs only blame their dependency ("call to orders failed: HTTP 503"), so the model
+must walk the chain with the tools. Distractors: a deploy on an unrelated service
+just before the alert, a healthy deploy on another dependency, a deploy on an
+alerting (caller) service, a hotfix deploy after the alert, morning deploys (possibly
+on the root-cause service itself, with an older version), noisy warnings and old
+chronic errors.
+
+Nothing in the prompt names the culprit or any version, so answering needs at least
+the log/dependency walk and a deploy lookup (depth + 3 calls in the gold trace).
+
+Defaults (provisional, calibrated later on a GPU): n_services=5, depth=2 (alerting
+service -> middle service -> culprit), n_distractor_deploys=3, n_background_deploys=3,
+log_noise=2. A model that just names the latest deploy before the alert is right about
+a third of the time; one that also filters by dependency about half; a small untrained
+model that follows the tools part of the way should land in the 0.2-0.7 band.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import deque
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ait.families.base import Example, Family, ToolCall
+from ait.spec import EvalFormat, ToolParam, ToolSpec
+
+SERVICE_POOL = [
+    "checkout", "payments", "auth", "inventory", "search", "cart", "users", "orders",
+    "shipping", "notifications", "catalog", "pricing", "gateway", "ledger", "billing",
+    "sessions", "reviews", "recommender", "media", "profile", "fraud", "tax", "coupons", "accounts",
+]
+ENTRY_SYMPTOMS = [
+    ("returning 502s", "HTTP 502 rate {p}%"),
+    ("throwing 500 errors", "HTTP 5xx rate {p}%"),
+    ("timing out", "request timeouts {p}%"),
+    ("failing health checks", "health check failures {p}%"),
+]
+MID_SYMPTOMS = ["error rate {p}%", "p99 latency {s}s", "HTTP 503 rate {p}%"]
+ROOT_ERRORS = [
+    "panic: nil map write in ChargeHandler",
+    "TypeError: cannot read field 'currency' of null",
+    "schema migration 0042 failed: column 'region' missing",
+    "connection pool exhausted (max=50)",
+    "NullPointerException in RequestMapper.toDto",
+    "serialization failed: unknown enum value 'PENDING_V2'",
+    "out of memory: heap limit 512MB reached",
+    "invalid config: feature flag 'fast_path' has no default",
+]
+BLAME_ERRORS = [
+    "call to {dep} failed: HTTP 503",
+    "upstream {dep} timed out after 3000ms",
+    "{dep} returned 500 Internal Server Error",
+    "circuit breaker open for {dep}",
+]
+CHRONIC_ERRORS = [
+    "failed to flush metrics buffer",
+    "smtp timeout sending receipt",
+    "job reindex failed: lock held",
+    "stale cache entry evicted with error",
+]
+WARN_NOISE = [
+    "slow query took 1450ms",
+    "cache hit ratio 71% below target",
+    "retrying connection to redis (attempt 2)",
+    "deprecated config key 'timeout_ms'",
+    "GC pause 320ms",
+    "queue depth 1200 above soft limit",
+    "certificate expires in 14 days",
+]
+INFO_NOISE = ["health check ok", "processed 1532 requests", "config reloaded", "worker pool size 16"]
+LEVELS = {"error": ("ERROR",), "errors": ("ERROR",), "warn": ("WARN",), "warning": ("WARN",), "warnings": ("WARN",),
+          "info": ("INFO",), "any": ("ERROR", "WARN", "INFO"), "all": ("ERROR", "WARN", "INFO")}
+MAX_DEPLOY_LINES = 8
+MAX_LOG_LINES = 8
+WINDOW_START = 45  # in-window distractor deploys land within this many minutes before the alert
+BACKGROUND_GAP = 100  # background deploys stay this many minutes before (or 30 after) the alert
+TIME_RE = re.compile(r"^\s*(\d{1,2}):(\d{2})(?::\d{2})?\s*$")
+ANSWER_LINE_RE = re.compile(r"answer\s*[:=]\s*(.*)", re.IGNORECASE)
+PAIR_RE = re.compile(r"([a-z][a-z0-9_]*)(?:\s*(?:@|:|==|=|,)\s*|\s+)v?(\d+(?:\.\d+){1,3})(?![\d.]*\d)")
+
+
+class TriageDifficulty(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    n_services: int = Field(default=5, ge=4, le=8)
+    """Services in the world (the alerting chain, its other dependencies and unrelated ones)."""
+    depth: int = Field(default=2, ge=1, le=4)
+    """Dependency hops from the alerting service in the prompt down to the root-cause service."""
+    n_distractor_deploys: int = Field(default=3, ge=1, le=6)
+    """Misleading deploys near the alert (unrelated service, healthy dependency, caller, post-alert hotfix)."""
+    n_background_deploys: int = Field(default=3, ge=0, le=6)
+    """Ordinary deploys hours away from the incident (possibly on the culprit service itself)."""
+    log_noise: int = Field(default=2, ge=0, le=6)
+    """Irrelevant INFO/WARN lines per service; at 2 or more, some services also carry old chronic errors."""
+
+    @model_validator(mode="after")
+    def _enough_services(self) -> "TriageDifficulty":
+        if self.n_services < self.depth + 2:
+            raise ValueError("n_services must be at least depth + 2 (the chain plus one unrelated service)")
+        return self
+
+
+def fmt_time(minutes: int) -> str:
+    return f"{minutes // 60:02d}:{minutes % 60:02d}"
+
+
+def parse_time(text: object) -> int | None:
+    """'14:05' / '9:30' / '14:05:00' -> minutes since midnight; None if not a time of day."""
+    if not isinstance(text, str):
+        return None
+    m = TIME_RE.match(text)
+    if not m:
+        return None
+    h, mi = int(m.group(1)), int(m.group(2))
+    return h * 60 + mi if h < 24 and mi < 60 else None
+
+
+def norm_service(name: object) -> str | None:
+    return name.strip().lower() if isinstance(name, str) and name.strip() else None
+
+
+def parse_answer(text: str) -> tuple[str, str] | None:
+    """The one service@version named on the last 'Answer:' line; None if none or several."""
+    lines = ANSWER_LINE_RE.findall(text or "")
+    if not lines:
+        return None
+    line = re.sub(r"\bversion\b", " ", lines[-1].lower()).replace("`", " ").replace("*", " ").replace('"', " ")
+    pairs = {(s, v) for s, v in PAIR_RE.findall(line) if s != "v"}
+    return pairs.pop() if len(pairs) == 1 else None
+
+
+# ---------------------------------------------------------------- tools
+
+
+def make_tools(world: dict[str, Any]) -> list[Callable[..., str]]:
+    services: list[str] = list(world.get("services", []))
+    deps: dict[str, list[str]] = world.get("deps", {})
+    deploys: list[dict] = world.get("deploys", [])
+    alerts: list[dict] = world.get("alerts", [])
+    logs: dict[str, list[dict]] = world.get("logs", {})
+
+    def unknown(name: object) -> str:
+        return f"error: unknown service {name!r}; services: {', '.join(services)}"
+
+    def list_alerts() -> str:
+        """List the incident's alerts, earliest first.
+
+        Returns:
+            One line per alert: 'HH:MM service: symptom'.
+        """
+        if not alerts:
+            return "no alerts"
+        return "\n".join(f"{a['time']} {a['service']}: {a['symptom']}" for a in alerts)
+
+    def get_dependencies(service: str) -> str:
+        """List the services that a service calls directly.
+
+        Args:
+            service: The service name, e.g. "checkout".
+
+        Returns:
+            'service calls: a, b' or 'service calls: nothing'.
+        """
+        name = norm_service(service)
+        if name not in deps:
+            return unknown(service)
+        return f"{name} calls: {', '.join(deps[name]) or 'nothing'}"
+
+    def list_deploys(since: str) -> str:
+        """List deploys at or after a time of day, earliest first (at most 8 lines).
+
+        Args:
+            since: A time of day 'HH:MM'; only deploys at or after it are listed.
+
+        Returns:
+            One line per deploy: 'HH:MM service@version'.
+        """
+        start = parse_time(since)
+        if start is None:
+            return f"error: since must be a time of day like '13:30', got {since!r}"
+        hits = [d for d in deploys if parse_time(d["time"]) >= start]
+        if not hits:
+            return f"no deploys at or after {fmt_time(start)}"
+        out = [f"{d['time']} {d['service']}@{d['version']}" for d in hits[:MAX_DEPLOY_LINES]]
+        if len(hits) > MAX_DEPLOY_LINES:
+            out.append(f"... {len(hits) - MAX_DEPLOY_LINES} more (use a later since)")
+        return "\n".join(out)
+
+    def search_logs(service: str, level: str) -> str:
+        """Show one service's log lines at a level, earliest first (at most 8 lines).
+
+        Args:
+            service: The service name, e.g. "payments".
+            level: "error", "warn" or "any".
+
+        Returns:
+            One line per log entry: 'HH:MM LEVEL message', repeats collapsed as
+            'HH:MM LEVEL message (xN, last HH:MM)'.
+        """
+        name = norm_service(service)
+        if name not in logs:
+            return unknown(service)
+        wanted = LEVELS.get(level.strip().lower()) if isinstance(level, str) else None
+        if wanted is None:
+            return f"error: level must be one of error, warn, any; got {level!r}"
+        hits = [e for e in logs[name] if e["level"] in wanted]
+        if not hits:
+            return f"no {level.strip().lower()} lines for {name}"
+        runs: list[list[dict]] = []  # consecutive repeats of one message collapse into one line
+        for e in hits:
+            if runs and (runs[-1][0]["level"], runs[-1][0]["msg"]) == (e["level"], e["msg"]):
+                runs[-1].append(e)
+            else:
+                runs.append([e])
+        out = [f"{r[0]['time']} {r[0]['level']} {r[0]['msg']}"
+               + (f" (x{len(r)}, last {r[-1]['time']})" if len(r) > 1 else "") for r in runs[:MAX_LOG_LINES]]
+        if len(runs) > MAX_LOG_LINES:
+            out.append(f"... {len(runs) - MAX_LOG_LINES} more lines")
+        return "\n".join(out)
+
+    return [list_alerts, get_dependencies, list_deploys, search_logs]
+
+
+# ---------------------------------------------------------------- generator
+
+
+def dependency_path(deps: dict[str, list[str]], src: str, dst: str) -> list[str]:
+    """Shortest call path src -> ... -> dst (BFS over the world's graph)."""
+    prev: dict[str, str | None] = {src: None}
+    queue = deque([src])
+    while queue:
+        node = queue.popleft()
+        if node == dst:
+            path = [node]
+            while prev[path[-1]] is not None:
+                path.append(prev[path[-1]])  # type: ignore[arg-type]
+            return path[::-1]
+        for nxt in deps.get(node, []):
+            if nxt not in prev:
+                prev[nxt] = node
+                queue.append(nxt)
+    return []
+
+
+def generate(rng: random.Random, d: TriageDifficulty) -> tuple[str, dict[str, Any], str]:
+    names = rng.sample(SERVICE_POOL, d.n_services)
+    chain = names[: d.depth + 1]  # chain[0] alerts (named in the prompt); chain[-1] is the culprit
+    others = names[d.depth + 1:]
+    n_unrelated = max(1, len(others) - rng.randint(1, max(1, len(others) - 1))) if len(others) > 1 else 1
+    unrelated, siblings = others[:n_unrelated], others[n_unrelated:]
+    deps: dict[str, list[str]] = {s: [] for s in names}
+    for a, b in zip(chain, chain[1:]):
+        deps[a].append(b)
+    for s in siblings:  # healthy dependencies of chain nodes (the culprit may call one too)
+        deps[rng.choice(chain)].append(s)
+    for i, s in enumerate(unrelated[1:], start=1):  # unrelated services only call each other
+        if rng.random() < 0.5:
+            deps[s].append(rng.choice(unrelated[:i]))
+    for s in names:
+        rng.shuffle(deps[s])
+    root = chain[-1]
+
+    alert_t = rng.randint(10 * 60, 16 * 60 + 30)
+    root_t = alert_t - rng.randint(6, 40)
+    err_start = root_t + rng.randint(1, 4)
+    used_times = {root_t}
+
+    def free_time(lo: int, hi: int) -> int:
+        while True:
+            t = rng.randint(lo, hi)
+            if t not in used_times:
+                used_times.add(t)
+                return t
+
+    deploys: list[tuple[int, str]] = [(root_t, root)]
+    alerting = [chain[0]] + [s for s in chain[1:-1] if rng.random() < 0.6]
+    kinds = ["unrelated"] + rng.sample(["healthy_dep", "caller", "after"], 3)
+    while len(kinds) < d.n_distractor_deploys:
+        kinds.append(rng.choice(["unrelated", "healthy_dep", "caller", "after"]))
+    for kind in kinds[: d.n_distractor_deploys]:
+        if kind == "healthy_dep" and not siblings:
+            kind = "caller"
+        if kind == "unrelated":
+            deploys.append((free_time(alert_t - WINDOW_START, alert_t - 2), rng.choice(unrelated)))
+        elif kind == "healthy_dep":
+            deploys.append((free_time(alert_t - WINDOW_START, alert_t - 2), rng.choice(siblings)))
+        elif kind == "caller":
+            deploys.append((free_time(alert_t - WINDOW_START, alert_t - 2), rng.choice(chain[:-1])))
+        else:  # a hotfix or follow-up deploy after the first alert
+            deploys.append((free_time(alert_t + 3, alert_t + 25), rng.choice([root, root] + chain[:-1])))
+    for _ in range(d.n_background_deploys):
+        if rng.random() < 0.5:
+            t = free_time(8 * 60, alert_t - BACKGROUND_GAP)
+        else:
+            t = free_time(alert_t + 30, 19 * 60)
+        deploys.append((t, rng.choice(names)))
+    deploys.sort()
+    versions = {s: [rng.randint(1, 4), rng.randint(0, 12), rng.randint(0, 9)] for s in names}
+    deploy_rows = []
+    answer = ""
+    for t, s in deploys:
+        v = versions[s]
+        if rng.random() < 0.15:
+            v[1], v[2] = v[1] + 1, 0
+        else:
+            v[2] += 1
+        version = ".".join(map(str, v))
+        deploy_rows.append({"service": s, "version": version, "time": fmt_time(t)})
+        if t == root_t:
+            answer = f"{root}@{version}"
+
+    logs: dict[str, list[tuple[int, str, str]]] = {s: [] for s in names}
+    msg = rng.choice(ROOT_ERRORS)
+    t = err_start
+    while t <= alert_t + 25:
+        logs[root].append((t, "ERROR", msg))
+        t += rng.randint(2, 6)
+    for hop, caller in enumerate(reversed(chain[:-1]), start=1):  # callers blame their dependency
+        dep = chain[len(chain) - hop]
+        tmpl = rng.choice(BLAME_ERRORS)
+        t = min(err_start + hop, alert_t)
+        while t <= alert_t + 25:
+            logs[caller].append((t, "ERROR", tmpl.format(dep=dep)))
+            t += rng.randint(2, 6)
+    for s in names:
+        for _ in range(d.log_noise):
+            if rng.random() < 0.6:
+                logs[s].append((rng.randint(alert_t - 180, alert_t + 30), "WARN", rng.choice(WARN_NOISE)))
+            else:
+                logs[s].append((rng.randint(alert_t - 180, alert_t + 30), "INFO", rng.choice(INFO_NOISE)))
+    if d.log_noise >= 2:
+        for s in rng.sample([s for s in names if s != root], k=min(2, len(names) - 1)):
+            logs[s].append((rng.randint(alert_t - 300, alert_t - 150), "ERROR", rng.choice(CHRONIC_ERRORS)))
+    log_rows = {s: [{"time": fmt_time(t), "level": lv, "msg": m} for t, lv, m in sorted(logs[s])] for s in names}
+
+    entry_phrase, entry_symptom = rng.choice(ENTRY_SYMPTOMS)
+    alert_rows = [{"service": chain[0], "symptom": entry_symptom.format(p=rng.randint(5, 40)), "time": fmt_time(alert_t)}]
+    for i, s in enumerate(alerting[1:]):
+        symptom = rng.choice(MID_SYMPTOMS).format(p=rng.randint(5, 40), s=rng.randint(2, 9))
+        alert_rows.append({"service": s, "symptom": symptom, "time": fmt_time(alert_t + 1 + i + rng.randint(0, 4))})
+    alert_rows.sort(key=lambda a: a["time"])
+
+    incident = f"INC-{rng.randint(1000, 9999)}"
+    world = {"incident": incident, "services": sorted(names), "deps": deps, "deploys": deploy_rows,
+             "alerts": alert_rows, "logs": log_rows}
+    prompt = (f"Incident {incident}: {chain[0]} is {entry_phrase} since {fmt_time(alert_t)}. "
+              "Which deploy is the root cause? Answer with the service and version.")
+    return prompt, world, answer
+
+
+class Triage(Family):
+    name = "triage"
+    held_out = True
+    description = (
+        "On-call incident triage: given an incident on one service, find the deploy that caused it. "
+        "The model must query alerts, follow the service dependency graph and the logs (callers only "
+        "blame their dependency), and match the failing service's first errors to a deploy shortly "
+        "before the first alert, ignoring unrelated, healthy and post-incident deploys and noisy logs. "
+        "It answers with service@version."
+    )
+    Difficulty = TriageDifficulty
+
+    def example(self, rng: random.Random, difficulty: BaseModel) -> Example:
+        d = TriageDifficulty.model_validate(difficulty.model_dump())
+        prompt, world, answer = generate(rng, d)
+        return Example(prompt=prompt, world=world, answer=answer)
+
+    def tools(self, world: dict[str, Any]) -> list[Callable[..., str]]:
+        return make_tools(world)
+
+    def score(self, response: str, answer: str) -> float:
+        got, gold = parse_answer(response), parse_answer(f"Answer: {answer}")
+        return 1.0 if got is not None and got == gold else 0.0
+
+    def gold_trace(self, example: Example) -> list[ToolCall]:
+        world = example.world
+        root = example.answer.split("@")[0]
+        entry = world["alerts"][0]["service"]
+        first = parse_time(world["alerts"][0]["time"]) or 0
+        calls = [ToolCall(name="list_alerts", arguments={})]
+        for s in dependency_path(world["deps"], entry, root):
+            calls.append(ToolCall(name="search_logs", arguments={"service": s, "level": "error"}))
+        calls.append(ToolCall(name="list_deploys", arguments={"since": fmt_time(max(first - 60, 0))}))
+        return calls
+
+    def eval_format(self, difficulty: BaseModel) -> EvalFormat:
+        d = TriageDifficulty.model_validate(difficulty.model_dump())
+        return EvalFormat(
+            system_prompt=(
+                "You are an on-call engineer triaging an incident. Use the tools: check the alerts, "
+                "follow the failing service's dependencies and error logs down to the service whose "
+                "own errors started first (callers only blame their dependency), then find the deploy "
+                "of that service shortly before its errors began. When done, reply with the final "
+                "line 'Answer: <service>@<version>'."
+            ),
+            tools=[
+                ToolSpec(name="list_alerts", description="The incident's alerts, earliest first, one "
+                         "'HH:MM service: symptom' line each.", parameters=[],
+                         returns="alert lines as text", example={}),
+                ToolSpec(name="get_dependencies", description="The services a service calls directly: "
+                         "'service calls: a, b' (or 'nothing'); an unknown service gives 'error: ...' with "
+                         "the list of services.",
+                         parameters=[ToolParam(name="service", type="string", description="service name")],
+                         returns="one line of text", example={"service": "checkout"}),
+                ToolSpec(name="list_deploys", description="Deploys at or after a time of day, earliest "
+                         "first, one 'HH:MM service@version' line each, at most 8 lines. To find a root "
+                         "cause, start about an hour before the first alert.",
+                         parameters=[ToolParam(name="since", type="string", description="time of day 'HH:MM'")],
+                         returns="deploy lines as text", example={"since": "13:00"}),
+                ToolSpec(name="search_logs", description="One service's log lines at a level, earliest "
+                         "first, one 'HH:MM LEVEL message' line each (consecutive repeats collapse into "
+                         "'HH:MM LEVEL message (xN, last HH:MM)'), at most 8 lines.",
+                         parameters=[ToolParam(name="service", type="string", description="service name"),
+                                     ToolParam(name="level", type="string",
+                                               description='"error", "warn" or "any"')],
+                         returns="log lines as text", example={"service": "payments", "level": "error"}),
+            ],
+            answer_format="The last line of the final reply is 'Answer: <service>@<version>', "
+            "e.g. 'Answer: payments@2.4.1'.",
+            max_turns=d.depth + 4,
+            max_new_tokens=128,
+        )
