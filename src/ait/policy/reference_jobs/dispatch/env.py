@@ -1,0 +1,240 @@
+"""Reference dispatch environment: route a request through an ordered rule table.
+
+The world (rules, default queue, requests) rides in each row's info as info["world"];
+the tools read it exactly as the eval's tools do. Rewards: full credit for the right
+queue in the eval's format, partial credit for naming a queue that exists in the table
+(so a weak model learns to read the tools), and a little for the answer format.
+"""
+
+import json
+import random
+import re
+
+SYSTEM_PROMPT = (
+    "You are a routing assistant. Requests are routed by an ordered rule table: rules "
+    "are checked in order, the first rule whose conditions all hold decides the queue, "
+    "and a request no rule matches goes to the default queue. The rules and the "
+    "requests are only available through the tools: use count_rules, then check_rule "
+    "for rule 1, 2, 3, ... until one matches (or read rules with get_rule and requests "
+    "with get_request). When done, reply with the final line 'Answer: <queue name>' "
+    "naming the queue."
+)
+
+ATTRS = {
+    "priority": (1, 5),
+    "region": ["eu", "us", "apac", "latam"],
+    "customer_tier": ["free", "silver", "gold", "platinum"],
+    "channel": ["email", "phone", "chat", "web"],
+    "product": ["billing", "storage", "compute", "network", "auth"],
+    "language": ["en", "de", "fr", "es", "ja"],
+    "age_days": (0, 30),
+    "prior_contacts": (0, 6),
+}
+QUEUES = ["escalations", "billing-support", "eu-tier2", "vip-desk", "chat-triage", "fraud-review",
+          "onboarding", "tech-l2", "returns", "account-security", "priority-desk", "apac-regional",
+          "legal-review", "retention", "network-ops", "refunds", "compliance", "partner-desk"]
+DEFAULTS = ["general", "standard", "backlog", "tier1", "inbox", "unassigned"]
+TEMPLATES = ["Route request {rid}: which queue does it go to?",
+             "Which queue should request {rid} be routed to?",
+             "Using the routing rules, which queue does request {rid} go to?"]
+
+
+def _holds(cond, value):
+    op, t = cond["op"], cond["value"]
+    return {">=": lambda: value >= t, "<=": lambda: value <= t, ">": lambda: value > t,
+            "<": lambda: value < t, "==": lambda: value == t, "!=": lambda: value != t,
+            "in": lambda: value in t, "not in": lambda: value not in t}[op]()
+
+
+def _cond_text(c):
+    return f"{c['attr']} {c['op']} {json.dumps(c['value'])}"
+
+
+def _as_index(x):
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, int):
+        return x
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    if isinstance(x, str) and re.fullmatch(r"\s*[+]?\d+\s*", x):
+        return int(x)
+    return None
+
+
+class Environment:
+    def reset(self, info: dict) -> None:
+        world = (info or {}).get("world") or {}
+        self.rules = world.get("rules", [])
+        self.requests = world.get("requests", {})
+        self.default = world.get("default_queue", "general")
+        self.order = world.get("attributes", [])
+
+    def _find(self, request_id):
+        if isinstance(request_id, bool) or not isinstance(request_id, (str, int)):
+            rid = None
+        else:
+            rid = str(request_id).strip().strip("\"'").upper()
+            rid = f"REQ-{rid}" if rid.isdigit() else rid
+        if not rid or rid not in self.requests:
+            return None, f"error: no request {str(request_id)[:40]!r}; request ids look like REQ-1234"
+        return rid, None
+
+    def _index(self, index):
+        i = _as_index(index)
+        if i is None or not 1 <= i <= len(self.rules):
+            return None, f"error: rule index must be an integer from 1 to {len(self.rules)}"
+        return i, None
+
+    def get_request(self, request_id: str) -> str:
+        """Look up a request's attributes.
+
+        Args:
+            request_id: The request id, e.g. "REQ-4821".
+        """
+        rid, err = self._find(request_id)
+        if err:
+            return err
+        attrs = self.requests[rid]
+        return f"{rid}: " + ", ".join(f"{a}={attrs[a]}" for a in self.order)
+
+    def count_rules(self) -> str:
+        """Say how many routing rules there are and name the default queue."""
+        n = len(self.rules)
+        return (f"{n} rules (1-{n}), checked in order; the first rule whose conditions all hold "
+                f"decides the queue; if none holds, the default queue is {self.default}")
+
+    def get_rule(self, index: int) -> str:
+        """Read one routing rule: its conditions (all must hold) and its queue.
+
+        Args:
+            index: The rule's position in the table, starting at 1.
+        """
+        i, err = self._index(index)
+        if err:
+            return err
+        rule = self.rules[i - 1]
+        return f"rule {i}: if " + " and ".join(_cond_text(c) for c in rule["conditions"]) + f" -> queue {rule['queue']}"
+
+    def check_rule(self, rule_index: int, request_id: str) -> str:
+        """Check whether every condition of one rule holds for one request.
+
+        Args:
+            rule_index: The rule's position in the table, starting at 1.
+            request_id: The request id, e.g. "REQ-4821".
+        """
+        i, err = self._index(rule_index)
+        if err:
+            return err
+        rid, err = self._find(request_id)
+        if err:
+            return err
+        rule, attrs = self.rules[i - 1], self.requests[rid]
+        failed = [c for c in rule["conditions"] if not _holds(c, attrs[c["attr"]])]
+        if not failed:
+            return f"rule {i} matches {rid} -> queue {rule['queue']}"
+        why = "; ".join(f"{_cond_text(c)} (request has {c['attr']}={attrs[c['attr']]})" for c in failed)
+        return f"rule {i} does not match {rid}: failed {why}"
+
+
+# ---------------------------------------------------------------- dataset
+
+
+def _value(rng, attr):
+    dom = ATTRS[attr]
+    return rng.randint(*dom) if isinstance(dom, tuple) else rng.choice(dom)
+
+
+def _condition(rng, attr):
+    dom = ATTRS[attr]
+    if isinstance(dom, tuple):
+        op = rng.choice([">=", "<=", ">", "<"])
+        v = rng.randint(dom[0] + 1, dom[1]) if op in (">=", "<") else rng.randint(dom[0], dom[1] - 1)
+        return {"attr": attr, "op": op, "value": v}
+    op = rng.choice(["==", "!=", "in", "not in"])
+    if op in ("==", "!="):
+        return {"attr": attr, "op": op, "value": rng.choice(dom)}
+    return {"attr": attr, "op": op, "value": sorted(rng.sample(dom, 2), key=dom.index)}
+
+
+def _route(world, rid):
+    attrs = world["requests"][rid]
+    for rule in world["rules"]:
+        if all(_holds(c, attrs[c["attr"]]) for c in rule["conditions"]):
+            return rule["queue"]
+    return world["default_queue"]
+
+
+def _problem(rng):
+    names = list(ATTRS)
+    attrs = sorted(rng.sample(names, rng.randint(3, 6)), key=names.index)
+    n_rules = rng.randint(3, 7)
+    target = {a: _value(rng, a) for a in attrs}
+    pos = rng.randint(1, n_rules + 1)  # n_rules + 1: no rule matches, default queue
+    rules = []
+    for i, queue in enumerate(rng.sample(QUEUES, n_rules), start=1):
+        chosen = rng.sample(attrs, rng.randint(1, min(3, len(attrs))))
+        while True:
+            conds = [_condition(rng, a) for a in chosen]
+            ok = all(_holds(c, target[c["attr"]]) for c in conds)
+            if i > pos or (i == pos) == ok:
+                break
+        rules.append({"conditions": conds, "queue": queue})
+    ids = [f"REQ-{x}" for x in rng.sample(range(1000, 10000), rng.randint(3, 6))]
+    requests = {rid: {a: _value(rng, a) for a in attrs} for rid in ids[1:]}
+    requests[ids[0]] = target
+    items = list(requests.items())
+    rng.shuffle(items)
+    world = {"attributes": attrs, "rules": rules, "default_queue": rng.choice(DEFAULTS),
+             "requests": dict(items), "targets": [ids[0]]}
+    prompt = rng.choice(TEMPLATES).format(rid=ids[0])
+    return {"prompt": prompt, "answer": _route(world, ids[0]), "info": {"world": world}}
+
+
+def build_dataset(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    rows, seen = [], set()
+    while len(rows) < n:
+        row = _problem(rng)
+        if row["prompt"] not in seen:
+            seen.add(row["prompt"])
+            rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- rewards
+
+
+def _norm(text):
+    t = re.sub(r"[*`'\"“”‘’]", "", (text or "").strip().lower())
+    t = re.sub(r"^(the\s+)?(queue\b\s*[:=]?\s*)?", "", t).strip(" .,;:!?()[]{}<>")
+    t = re.sub(r"\s+queue$", "", t)
+    return re.sub(r"[\s_\-]+", "-", t).strip("-")
+
+
+def _last_answer(text):
+    found = re.findall(r"answer\s*[:=]\s*(.*)", re.sub(r"[*`]", "", text or ""), re.IGNORECASE)
+    return _norm(found[-1]) if found else None
+
+
+def reward_correct(completion: str, answer: str, info: dict) -> float:
+    got = _last_answer(completion)
+    return 1.0 if got and got == _norm(answer) else 0.0
+
+
+def reward_known_queue(completion: str, answer: str, info: dict) -> float:
+    """Partial credit for naming a queue the table really has (read via the tools)."""
+    got = _last_answer(completion)
+    if not got:
+        return 0.0
+    world = (info or {}).get("world") or {}
+    queues = {_norm(r["queue"]) for r in world.get("rules", [])} | {_norm(world.get("default_queue", ""))}
+    return 1.0 if got == _norm(answer) else 0.4 if got in queues else 0.0
+
+
+def reward_format(completion: str, answer: str, info: dict) -> float:
+    return 1.0 if _last_answer(completion) else 0.0
+
+
+REWARD_FUNCS = [reward_correct, reward_known_queue, reward_format]
+REWARD_WEIGHTS = [1.0, 0.3, 0.1]

@@ -1,0 +1,235 @@
+"""Reference ledger environment: process a ledger of transactions with an overdraft rule.
+
+Each row's info carries the world {"world": {"ledger", "accounts", "transactions",
+"question"}}; the tools read it and are pure functions of (world, arguments), exactly
+like the eval's. Rewards give full credit for the exact integer in the eval's format,
+partial credit for a number near the answer (so a weak model gets a gradient), and a
+little for writing the 'Answer:' line at all.
+"""
+
+import random
+import re
+
+RULES = ("a withdrawal or transfer that would make a balance negative is rejected and skipped; "
+         "a fee takes the given percent of the account's current balance, rounded down")
+
+SYSTEM_PROMPT = (
+    "You are a careful bookkeeping assistant. The ledger's transactions are not in the "
+    "question: call list_transactions to see them, apply_transaction to process the ledger "
+    "in order through a transaction number (it reports that transaction's outcome and every "
+    "balance right after it), and get_balance for an account's opening balance. Rules: "
+    f"{RULES}. When done, reply with the final line 'Answer: <integer>'."
+)
+
+ACCOUNT_NAMES = ["checking", "savings", "cash", "travel", "rent", "payroll", "reserve", "groceries"]
+
+
+def _describe(tx):
+    kind = tx["kind"]
+    if kind == "deposit":
+        return f"deposit {tx['amount']} into {tx['account']}"
+    if kind == "withdrawal":
+        return f"withdraw {tx['amount']} from {tx['account']}"
+    if kind == "transfer":
+        return f"transfer {tx['amount']} from {tx['account']} to {tx['to']}"
+    return f"fee {tx['percent']}% on {tx['account']}"
+
+
+def _step(balances, tx):
+    kind, acct = tx["kind"], tx["account"]
+    if kind == "deposit":
+        balances[acct] += tx["amount"]
+        return True, 0
+    if kind in ("withdrawal", "transfer"):
+        if balances[acct] < tx["amount"]:
+            return False, 0
+        balances[acct] -= tx["amount"]
+        if kind == "transfer":
+            balances[tx["to"]] += tx["amount"]
+        return True, 0
+    charged = balances[acct] * tx["percent"] // 100
+    balances[acct] -= charged
+    return True, charged
+
+
+def _run(world, upto):
+    balances = dict(world.get("accounts") or {})
+    outcomes = [_step(balances, tx) for tx in (world.get("transactions") or [])[:upto]]
+    return balances, outcomes
+
+
+def _index(value):
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"\s*#?\s*[+-]?\d{1,6}\s*", value):
+        return int(value.replace("#", "").strip())
+    return None
+
+
+class Environment:
+    def __init__(self):
+        self.world = {}
+
+    def reset(self, info: dict) -> None:
+        world = (info or {}).get("world") if isinstance(info, dict) else None
+        self.world = world if isinstance(world, dict) else {}
+
+    def list_transactions(self) -> str:
+        """List the ledger's transactions in processing order, numbered from 1.
+
+        Returns:
+            One line per transaction, e.g. '#2 withdraw 300 from checking'.
+        """
+        txs = self.world.get("transactions") or []
+        n = len(txs)
+        lines = [f"Ledger {self.world.get('ledger', '?')}: {n} transactions, processed in order #1..#{n}."]
+        lines += [f"#{i} {_describe(tx)}" for i, tx in enumerate(txs, 1)]
+        return "\n".join(lines)
+
+    def apply_transaction(self, index: int) -> str:
+        """Process the ledger in order through transaction #index and report its outcome.
+
+        Every earlier transaction is processed first, from the opening balances; a withdrawal
+        or transfer that would make a balance negative is rejected and skipped, and a fee
+        takes the given percent of the current balance, rounded down.
+
+        Args:
+            index: The transaction number, from 1 to the number of transactions.
+
+        Returns:
+            The transaction's outcome and every balance right after it.
+        """
+        txs = self.world.get("transactions") or []
+        n = len(txs)
+        i = _index(index)
+        if i is None or not 1 <= i <= n:
+            return f"error: index must be an integer from 1 to {n}, got {str(index)[:40]!r}"
+        balances, outcomes = _run(self.world, i)
+        tx = txs[i - 1]
+        applied, charged = outcomes[-1]
+        if not applied:
+            outcome = f"rejected ({tx['account']} has only {balances[tx['account']]})"
+        elif tx["kind"] == "fee":
+            outcome = f"applied, charged {charged}"
+        else:
+            outcome = "applied"
+        shown = ", ".join(f"{k}={balances[k]}" for k in sorted(balances))
+        return f"#{i} {_describe(tx)}: {outcome}. Balances after #{i}: {shown}"
+
+    def get_balance(self, account: str) -> str:
+        """Look up an account's opening balance, before transaction #1 is processed.
+
+        Args:
+            account: The account name, e.g. 'savings'.
+
+        Returns:
+            The opening balance as text.
+        """
+        accounts = self.world.get("accounts") or {}
+        name = str(account).strip().strip("'\"").lower()
+        if name not in accounts:
+            return f"error: unknown account {str(account)[:40]!r}; accounts: {', '.join(sorted(accounts))}"
+        return f"Opening balance of {name}: {accounts[name]} (before transaction #1)"
+
+
+# ---------------------------------------------------------------- dataset
+
+
+def _ledger(rng):
+    names = rng.sample(ACCOUNT_NAMES, rng.choice([2, 3, 3, 4]))
+    opening = {name: rng.randint(50, 1500) for name in names}
+    balances = dict(opening)
+    txs = []
+    for _ in range(rng.randint(6, 12)):
+        acct = rng.choice(names)
+        if rng.random() < 0.15:
+            tx = {"kind": "fee", "account": acct, "percent": rng.randint(1, 10)}
+        else:
+            kind = rng.choice(["deposit", "withdrawal", "transfer"])
+            if kind != "deposit" and rng.random() < 0.2:
+                amount = balances[acct] + rng.randint(1, 400)
+            elif kind != "deposit" and balances[acct] >= 10:
+                amount = rng.randint(5, min(balances[acct], 800))
+            else:
+                kind, amount = "deposit", rng.randint(10, 600)
+            tx = {"kind": kind, "account": acct, "amount": amount}
+            if kind == "transfer":
+                tx["to"] = rng.choice([x for x in names if x != acct])
+        _step(balances, tx)
+        txs.append(tx)
+    return {"accounts": opening, "transactions": txs}
+
+
+def _problem(rng):
+    qtype = rng.choice(["balance", "net_change"])
+    ledger_id = f"L{rng.randint(1000, 99999)}"
+    while True:
+        world = _ledger(rng)
+        final, _ = _run(world, len(world["transactions"]))
+        moved = [a for a in world["accounts"] if final[a] != world["accounts"][a]]
+        if moved:
+            break
+    account = rng.choice(moved)
+    value = final[account] - (world["accounts"][account] if qtype == "net_change" else 0)
+    world["ledger"] = ledger_id
+    world["question"] = {"type": qtype, "account": account}
+    names = sorted(world["accounts"])
+    accts = ", ".join(names[:-1]) + " and " + names[-1]
+    head = f"Ledger {ledger_id} has accounts {accts}. After processing all of its transactions in order ({RULES}),"
+    if qtype == "balance":
+        ask = f"what is the final balance of account '{account}'?"
+    else:
+        ask = (f"by how much did the balance of account '{account}' change from its opening balance? "
+               "Give a signed integer (negative if it went down).")
+    return {"prompt": f"{head} {ask}", "answer": str(value), "info": {"world": world}}
+
+
+def build_dataset(n: int, seed: int) -> list:
+    rng = random.Random(seed)
+    rows, seen = [], set()
+    while len(rows) < n:
+        row = _problem(rng)
+        if row["prompt"] not in seen:
+            seen.add(row["prompt"])
+            rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- rewards
+
+_ANSWER = re.compile(r"answer\s*[:=]\s*([+\-]?)\s*\$?\s*([+\-]?)\s*(\d[\d,]*)(?:\.0+)?\b", re.IGNORECASE)
+
+
+def _last_answer(text):
+    found = _ANSWER.findall(text or "")
+    if not found:
+        return None
+    s1, s2, digits = found[-1]
+    value = int(digits.replace(",", ""))
+    return -value if "-" in (s1, s2) else value
+
+
+def reward_correct(completion: str, answer: str, info: dict) -> float:
+    got = _last_answer(completion)
+    return 1.0 if got is not None and got == int(answer) else 0.0
+
+
+def reward_close(completion: str, answer: str, info: dict) -> float:
+    """Partial credit for the last number written being near the answer (sign included)."""
+    found = re.findall(r"-?\d[\d,]*", completion or "")
+    if not found:
+        return 0.0
+    guess, gold = int(found[-1].replace(",", "")), int(answer)
+    return 1.0 / (1.0 + abs(guess - gold) / max(abs(gold), 50))
+
+
+def reward_format(completion: str, answer: str, info: dict) -> float:
+    return 1.0 if _last_answer(completion) is not None else 0.0
+
+
+REWARD_FUNCS = [reward_correct, reward_close, reward_format]
+REWARD_WEIGHTS = [1.0, 0.3, 0.1]

@@ -1,0 +1,234 @@
+"""Reference multi_hop environment: chained lookups through a directory of fictional people.
+
+Each row's info carries {"world": {"people": {name: {field: value}}, "fields": [...],
+"query": {"start", "relations", "attribute"}}}. Training prompts mimic the task's three
+phrasings with 1-3 hops (a small curriculum around the default of 2). Rewards: full
+credit for the exact final value, partial credit for the value reached after some but
+not all hops (so a weak model that does one hop right still gets a gradient), and a
+little for ending with an 'Answer:' line.
+"""
+
+import difflib
+import random
+import re
+
+SYSTEM_PROMPT = (
+    "You answer questions about people in a directory, using the lookup tool. "
+    "Questions chain relations: look up one field per call, starting from the named "
+    "person, and use the name each lookup returns as the name in the next lookup. "
+    "When done, reply with the final line 'Answer: <value>'."
+)
+
+RELATIONS = ["manager", "mentor", "best_friend", "neighbor", "dentist"]
+ATTRIBUTES = {
+    "city": ["Port Aldren", "Velmora", "Quillhaven", "Ostbrook", "Karsvale", "Lindmere", "Thornwick",
+             "Harrowgate", "Brisk Hollow", "Saltmarsh", "Eldoria", "Fenwick Bay", "Corvale", "Dunmarrow",
+             "Ashcombe", "Riverend", "Glimmerton", "Northfold", "Pellmoor", "Westerly", "Zanthe", "Yarrowby"],
+    "employer": ["Brightwell Labs", "Corvid Systems", "Halden & Pike", "Lumen Freight", "Marrow Bank",
+                 "Northstar Bakery", "Oakridge Clinic", "Pinecone Media", "Quarry Tech", "Redfern Motors",
+                 "Saltline Shipping", "Tidewater Energy", "Umber Studios", "Vantage Foods", "Willow Insurance",
+                 "Yellowpine Games", "Zephyr Airlines", "Granite Law", "Ember Robotics", "Foxglove Books"],
+    "birth_year": [str(y) for y in range(1950, 2005)],
+    "favourite_color": ["teal", "crimson", "amber", "lavender", "olive", "navy", "coral", "mustard", "indigo",
+                        "maroon", "turquoise", "ochre", "lilac", "charcoal", "peach", "emerald", "scarlet",
+                        "ivory", "cobalt", "magenta", "saffron", "mint"],
+    "pet": ["ferret", "parrot", "tortoise", "goldfish", "hamster", "iguana", "rabbit", "beagle", "tabby cat",
+            "gecko", "canary", "hedgehog", "chinchilla", "corgi", "axolotl", "cockatiel", "poodle", "guinea pig",
+            "python", "husky", "alpaca"],
+    "hobby": ["rock climbing", "pottery", "chess", "birdwatching", "fencing", "knitting", "sailing", "archery",
+              "origami", "beekeeping", "calligraphy", "kayaking", "juggling", "gardening", "woodcarving",
+              "astronomy", "salsa dancing", "fly fishing", "bouldering", "quilting", "geocaching"],
+    "instrument": ["cello", "oboe", "banjo", "harp", "trumpet", "ukulele", "accordion", "bassoon", "clarinet",
+                   "drums", "flute", "harmonica", "mandolin", "piano", "saxophone", "sitar", "trombone", "tuba",
+                   "viola", "violin", "xylophone"],
+    "favourite_food": ["lasagna", "sushi", "paella", "ramen", "falafel", "goulash", "tacos", "risotto", "pierogi",
+                       "curry", "dumplings", "moussaka", "gnocchi", "pho", "burrito", "ceviche", "shakshuka",
+                       "biryani", "empanadas", "fondue", "kimchi stew"],
+}
+FIRST_NAMES = ["Alice", "Bram", "Cora", "Dmitri", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kira",
+               "Luca", "Mira", "Nadia", "Oskar", "Priya", "Quentin", "Rosa", "Soren", "Tamsin", "Umar", "Vera",
+               "Wendel", "Xenia", "Yusuf", "Zara", "Anika", "Basil", "Celia", "Dario", "Edith", "Felix", "Gideon",
+               "Hana", "Ivo", "Juno", "Kofi", "Lena", "Milo", "Nora", "Otto", "Pia", "Rafael", "Sana", "Tobias",
+               "Ulla", "Viktor", "Wren", "Yara", "Zeno"]
+SURNAME_HEADS = ["Var", "Kel", "Dor", "Mal", "Or", "Bren", "Tal", "Ost", "Quin", "Hal", "Zor", "Fen", "Lun",
+                 "Cas", "Ith", "Rav", "Sel", "Yor", "Wen", "Drav", "Pell", "Thorn", "Ask", "Mor"]
+SURNAME_TAILS = ["ga", "wick", "dane", "orin", "ell", "mont", "ova", "ard", "ley", "berg", "ani", "ette",
+                 "holm", "ez", "ko", "ridge", "lin", "ask", "urn", "ady"]
+MAX_SEARCH_RESULTS = 8
+
+
+def _key(text):
+    return " ".join(text.split()).strip(" .,'\"`").casefold()
+
+
+def _field_key(text):
+    return _key(text).replace("-", "_").replace(" ", "_")
+
+
+def _normalize(text):
+    text = re.sub(r"[_\-]", " ", str(text).casefold())
+    text = re.sub(r"[^\w\s]", "", text)
+    return " ".join(text.split())
+
+
+class Environment:
+    def reset(self, info: dict) -> None:
+        world = (info or {}).get("world") or {}
+        self.people = world.get("people", {})
+        self.fields = list(world.get("fields", []))
+        self.by_key = {_key(name): name for name in self.people}
+
+    def lookup(self, name: str, field: str) -> str:
+        """Look up one field of one person in the directory.
+
+        Args:
+            name: The person's full name, e.g. "Alice Varga".
+            field: The field to read, e.g. "manager" or "city".
+        """
+        if not hasattr(self, "people"):
+            self.reset({})
+        if not isinstance(name, str) or not name.strip():
+            return "error: name must be a non-empty string (a person's full name)"
+        if not isinstance(field, str) or not field.strip():
+            return f"error: field must be a non-empty string; valid fields: {', '.join(self.fields)}"
+        person = self.by_key.get(_key(name))
+        if person is None:
+            close = difflib.get_close_matches(_key(name), list(self.by_key), n=3, cutoff=0.6)
+            hint = f"; similar names: {', '.join(self.by_key[c] for c in close)}" if close else ""
+            return f"error: no person named {name.strip()[:60]!r}{hint}"
+        key = _field_key(field)
+        if key not in self.fields:
+            return f"error: unknown field {field.strip()[:40]!r}; valid fields: {', '.join(self.fields)}"
+        return self.people[person][key]
+
+    def search(self, name_prefix: str) -> str:
+        """Find people whose first name or surname starts with a prefix.
+
+        Args:
+            name_prefix: The start of a first name, surname or full name, e.g. "Ali" or "Varga".
+        """
+        if not hasattr(self, "people"):
+            self.reset({})
+        if not isinstance(name_prefix, str) or not name_prefix.strip():
+            return "error: name_prefix must be a non-empty string"
+        prefix = _key(name_prefix)
+        if not prefix:
+            return "error: name_prefix must contain letters"
+        hits = [name for key, name in self.by_key.items()
+                if key.startswith(prefix) or any(w.startswith(prefix) for w in key.split())]
+        if not hits:
+            return f"error: no person matches {name_prefix.strip()[:60]!r}"
+        hits.sort()
+        more = f" (+{len(hits) - MAX_SEARCH_RESULTS} more)" if len(hits) > MAX_SEARCH_RESULTS else ""
+        return "; ".join(hits[:MAX_SEARCH_RESULTS]) + more
+
+
+# ---------------------------------------------------------------- dataset
+
+
+def _names(rng, n, n_similar):
+    names, seen = [], set()
+    while len(names) < n:
+        if len(names) >= n - n_similar:  # a near-duplicate of an existing name
+            first, surname = rng.choice(names).split(" ")
+            name = f"{first} {surname[:3]}{rng.choice(SURNAME_TAILS)}"
+        else:
+            name = f"{rng.choice(FIRST_NAMES)} {rng.choice(SURNAME_HEADS)}{rng.choice(SURNAME_TAILS)}"
+        if name.casefold() not in seen:
+            seen.add(name.casefold())
+            names.append(name)
+    rng.shuffle(names)
+    return names
+
+
+def _follow(people, start, relations):
+    path = [start]
+    for r in relations:
+        path.append(people[path[-1]][r])
+    return path
+
+
+def _prompt(rng, start, relations, attribute):
+    rels = [r.replace("_", " ") for r in relations]
+    attr = attribute.replace("_", " ")
+    style = rng.randrange(3)
+    if style == 0:
+        return f"What is the {attr} of the {' of the '.join(reversed(rels))} of {start}?"
+    if style == 1:
+        steps = ", then ".join(["their " + rels[0]] + [f"that person's {r}" for r in rels[1:]])
+        return f"Start from {start}. Follow {steps}. What is the {attr} of the person you reach?"
+    chain = "'s ".join([start] + rels + [attr])
+    return f"What is {chain}?"
+
+
+def _problem(rng):
+    hops = rng.choice([1, 2, 2, 3])
+    relations_pool = rng.sample(RELATIONS, 3)
+    attributes = rng.sample(list(ATTRIBUTES), 4)
+    names = _names(rng, rng.randint(16, 30), 4)
+    people = {}
+    for name in names:
+        row = {r: rng.choice([o for o in names if o != name]) for r in relations_pool}
+        row.update({a: rng.choice(ATTRIBUTES[a]) for a in attributes})
+        people[name] = row
+    while True:
+        start = rng.choice(names)
+        relations = [rng.choice(relations_pool) for _ in range(hops)]
+        attribute = rng.choice(attributes)
+        path = _follow(people, start, relations)
+        if len(set(path)) == len(path):
+            break
+    world = {"people": people, "fields": relations_pool + attributes,
+             "query": {"start": start, "relations": relations, "attribute": attribute}}
+    return {"prompt": _prompt(rng, start, relations, attribute),
+            "answer": _normalize(people[path[-1]][attribute]), "info": {"world": world}}
+
+
+def build_dataset(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    rows, seen = [], set()
+    while len(rows) < n:
+        row = _problem(rng)
+        if row["prompt"] not in seen:
+            seen.add(row["prompt"])
+            rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- rewards
+
+
+def _last_answer(text):
+    found = re.findall(r"answer\s*[:=]\s*(.*)", text or "", re.IGNORECASE)
+    return _normalize(found[-1]) if found else None
+
+
+def reward_correct(completion: str, answer: str, info: dict) -> float:
+    got = _last_answer(completion)
+    return 1.0 if got and got == _normalize(answer) else 0.0
+
+
+def reward_progress(completion: str, answer: str, info: dict) -> float:
+    """Partial credit: the asked field of a person part-way along the chain scores the
+    fraction of hops done; any value of the right field type scores a little."""
+    got = _last_answer(completion)
+    world = (info or {}).get("world") or {}
+    q = world.get("query")
+    if not got or not q:
+        return 0.0
+    people = world["people"]
+    path = _follow(people, q["start"], q["relations"])
+    for i in range(len(path) - 1, 0, -1):
+        if _normalize(people[path[i]][q["attribute"]]) == got:
+            return i / (len(path) - 1)
+    if any(_normalize(p[q["attribute"]]) == got for p in people.values()):
+        return 0.1
+    return 0.0
+
+
+def reward_format(completion: str, answer: str, info: dict) -> float:
+    return 1.0 if _last_answer(completion) else 0.0
+
+
+REWARD_FUNCS = [reward_correct, reward_progress, reward_format]
+REWARD_WEIGHTS = [1.0, 0.3, 0.1]

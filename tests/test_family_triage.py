@@ -1,0 +1,460 @@
+"""triage (held out): determinism, gold answers recomputed independently from the world,
+a prompt-and-tools-only solver on a hidden-like set, guessing and shortcut heuristics,
+the scorer, tool errors and schemas, the reference job (probe + tool agreement).
+
+The independent checks below never call the module's generator helpers: they read the
+world's plain data (or, for the solver, only tool text) and apply the task's rule: the
+root cause is the deploy shortly before the first alert, on a service the alerting
+services depend on, whose own (non-blaming) errors start after it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+import ait.families
+from ait.families import ToolCall, build_spec
+from ait.families.triage import Triage
+from ait.spec import Constraints
+
+FAMILY = Triage()
+REPO = Path(__file__).resolve().parents[1]
+REF_JOB = REPO / "src" / "ait" / "policy" / "reference_jobs" / "triage"
+CONSTRAINTS = Constraints(allowed_base_models=["tiny", "Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B"], max_steps=200,
+                          max_group_size=16, max_prompts_per_step=16, max_completion_tokens=512, max_turns=8,
+                          time_budget_s=600, min_dataset_rows=32, max_dataset_rows=20000)
+PROMPT_RE = re.compile(r"Incident (INC-\d+): (\w+) is [a-z0-9 ]+ since (\d\d):(\d\d)\. Which deploy is the root "
+                       r"cause\? Answer with the service and version\.")
+
+
+def examples(knobs: dict, n: int, seed: int) -> list:
+    d = FAMILY.difficulty(knobs)
+    rng = random.Random(seed)
+    return [FAMILY.example(rng, d) for _ in range(n)]
+
+
+def minutes(hhmm: str) -> int:
+    h, m = hhmm.split(":")
+    return int(h) * 60 + int(m)
+
+
+@pytest.fixture
+def hidden(monkeypatch, tmp_path):
+    """200 examples drawn exactly like the hidden eval (default difficulty)."""
+    from ait.evals.hidden import hidden_examples
+
+    monkeypatch.setitem(ait.families.FAMILIES, "triage", FAMILY)
+    monkeypatch.setenv("AIT_HOME", str(tmp_path))
+    monkeypatch.setenv("AIT_HIDDEN_SEED", "triage-family-test")
+    spec = build_spec("triage", constraints=CONSTRAINTS)
+    exs = hidden_examples(spec)
+    assert len(exs) == 200
+    return exs
+
+
+# ---------------------------------------------------------------- determinism
+
+
+@pytest.mark.parametrize("knobs", [{}, {"n_services": 8, "depth": 4, "n_distractor_deploys": 6, "log_noise": 5}])
+def test_same_seed_same_examples_and_json_world(knobs):
+    a, b = examples(knobs, 40, seed=11), examples(knobs, 40, seed=11)
+    assert [(e.prompt, e.world, e.answer) for e in a] == [(e.prompt, e.world, e.answer) for e in b]
+    assert len({e.prompt for e in a}) == 40
+    for e in a:
+        assert json.loads(json.dumps(e.world)) == e.world
+
+
+def test_different_seeds_differ():
+    a = [e.prompt for e in examples({}, 50, seed=1)]
+    b = [e.prompt for e in examples({}, 50, seed=2)]
+    assert len(set(a) & set(b)) < 3
+
+
+# ---------------------------------------------------------------- gold answers (independent)
+
+
+def closure(deps: dict, starts: list[str]) -> set[str]:
+    seen, stack = set(), list(starts)
+    while stack:
+        for nxt in deps[stack.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen
+
+
+def independent_root(world: dict) -> list[str]:
+    """Every deploy satisfying the task's rule, computed from the raw world."""
+    first = min(minutes(a["time"]) for a in world["alerts"])
+    alerting = [a["service"] for a in world["alerts"]]
+    reach = closure(world["deps"], alerting)
+    names = set(world["services"])
+    found = []
+    for dep in world["deploys"]:
+        t = minutes(dep["time"])
+        if dep["service"] not in reach or not (0 < first - t <= 60):
+            continue
+        own = [minutes(e["time"]) for e in world["logs"][dep["service"]]
+               if e["level"] == "ERROR" and not any(re.search(rf"\b{n}\b", e["msg"]) for n in names)]
+        if any(t < x <= first for x in own) and not any(t - 60 <= x <= t for x in own):
+            found.append(f"{dep['service']}@{dep['version']}")
+    return found
+
+
+CONFIGS = [{}, {"n_services": 4, "depth": 1, "n_distractor_deploys": 1, "n_background_deploys": 0, "log_noise": 0},
+           {"n_services": 4, "depth": 2}, {"n_services": 8, "depth": 4, "n_distractor_deploys": 6,
+                                           "n_background_deploys": 6, "log_noise": 6},
+           {"n_services": 6, "depth": 3, "n_distractor_deploys": 5, "log_noise": 3}]
+
+
+@pytest.mark.parametrize("i", range(len(CONFIGS)))
+def test_gold_answer_is_the_unique_deploy_satisfying_the_rule(i):
+    knobs = CONFIGS[i]
+    d = FAMILY.difficulty(knobs)
+    for ex in examples(knobs, 150, seed=500 + i):
+        w = ex.world
+        assert independent_root(w) == [ex.answer], (ex.prompt, ex.answer)
+        assert len(w["services"]) == d.n_services
+        assert len(w["deploys"]) == 1 + d.n_distractor_deploys + d.n_background_deploys
+        assert len({(x["service"], x["version"]) for x in w["deploys"]}) == len(w["deploys"])
+        m = PROMPT_RE.fullmatch(ex.prompt)
+        assert m, ex.prompt
+        first = w["alerts"][0]
+        assert first["service"] == m.group(2) and first["time"] == f"{m.group(3)}:{m.group(4)}"
+        root = ex.answer.split("@")[0]
+        # the culprit is exactly `depth` hops below the prompt's service and never alerts itself
+        frontier, hops = {m.group(2)}, 0
+        while root not in frontier:
+            frontier = {n for s in frontier for n in w["deps"][s]}
+            hops += 1
+            assert hops <= d.depth
+        assert hops == d.depth
+        assert root not in {a["service"] for a in w["alerts"]}
+        # the prompt gives away neither the culprit nor any version
+        assert root not in ex.prompt and not re.search(r"\d+\.\d+", ex.prompt)
+
+
+def test_distractors_present_at_default():
+    """At the default difficulty each example has an unrelated in-window deploy and a closure
+    deploy that is not the answer (so dependency filtering and log checks both matter)."""
+    for ex in examples({}, 100, seed=3):
+        w = ex.world
+        first = minutes(w["alerts"][0]["time"])
+        reach = closure(w["deps"], [a["service"] for a in w["alerts"]])
+        window = [x for x in w["deploys"] if 0 < first - minutes(x["time"]) <= 45]
+        assert any(x["service"] not in reach and x["service"] not in {a["service"] for a in w["alerts"]}
+                   for x in window)
+        assert any(f"{x['service']}@{x['version']}" != ex.answer and
+                   (x["service"] in reach or x["service"] == w["alerts"][0]["service"]) for x in w["deploys"])
+
+
+# ---------------------------------------------------------------- prompt + tools only solver
+
+LINE_RE = re.compile(r"^(\d\d:\d\d) (\S+?)@(\S+)$")
+LOG_RE = re.compile(r"^(\d\d:\d\d) (ERROR|WARN|INFO) (.*?)(?: \(x\d+, last (\d\d:\d\d)\))?$")
+
+
+def solve(prompt: str, call) -> str:
+    m = PROMPT_RE.fullmatch(prompt)
+    assert m
+    alerts = [ln.split(" ", 1) for ln in call("list_alerts").splitlines()]
+    first = min(minutes(t) for t, _ in alerts)
+    alerting = [rest.split(":")[0] for _, rest in alerts]
+    assert m.group(2) in alerting
+    deps: dict[str, list[str]] = {}
+    stack = list(alerting)
+    while stack:
+        s = stack.pop()
+        if s in deps:
+            continue
+        out = call("get_dependencies", service=s)
+        assert out.startswith(f"{s} calls: "), out
+        rest = out.split(": ", 1)[1]
+        deps[s] = [] if rest == "nothing" else rest.split(", ")
+        stack += deps[s]
+    reach = {n for s in deps for n in deps[s]}
+    since = first - 90
+    deploys = []
+    for ln in call("list_deploys", since=f"{since // 60:02d}:{since % 60:02d}").splitlines():
+        mm = LINE_RE.match(ln)
+        if mm:
+            deploys.append((minutes(mm.group(1)), mm.group(2), mm.group(3)))
+    found = []
+    for t, svc, ver in deploys:
+        if svc not in reach or not 0 < first - t <= 60:
+            continue
+        own = []
+        for ln in call("search_logs", service=svc, level="error").splitlines():
+            lm = LOG_RE.match(ln)
+            if lm and not any(re.search(rf"\b{n}\b", lm.group(3)) for n in deps):
+                own.append(minutes(lm.group(1)))
+        if any(t < x <= first for x in own) and not any(t - 60 <= x <= t for x in own):
+            found.append(f"{svc}@{ver}")
+    assert len(found) == 1, (prompt, found)
+    return found[0]
+
+
+def test_tool_only_solver_reaches_gold_on_hidden_like_set(hidden):
+    total, n_calls = 0.0, []
+    for ex in hidden:
+        calls = []
+
+        def call(name, **args):
+            calls.append(name)
+            return FAMILY.call_tool(ex.world, ToolCall(name=name, arguments=args))
+
+        total += FAMILY.score(f"I checked the logs.\nAnswer: {solve(ex.prompt, call)}", ex.answer)
+        n_calls.append(len(calls))
+    assert total == 200
+    assert min(n_calls) >= 4
+
+
+def test_gold_trace_replay_contains_the_answer():
+    for knobs in CONFIGS:
+        d = FAMILY.difficulty(knobs)
+        for ex in examples(knobs, 40, seed=77):
+            trace = FAMILY.gold_trace(ex)
+            assert len(trace) == d.depth + 3
+            assert FAMILY.eval_format(d).max_turns >= len(trace) + 1
+            outs = [FAMILY.call_tool(ex.world, c) for c in trace]
+            assert not any(o.startswith("error") for o in outs)
+            assert f" {ex.answer}" in outs[-1]  # the deploy listing shows the culprit's deploy
+            root = ex.answer.split("@")[0]
+            assert trace[-2].arguments["service"] == root
+            assert not any(re.search(rf"\b{n}\b", outs[-2]) for n in ex.world["services"])  # own errors
+            # every caller's error log names the next service on the chain
+            for c, nxt, out in zip(trace[1:-2], trace[2:-1], outs[1:-2]):
+                assert nxt.arguments["service"] in out, (c, out)
+
+
+# ---------------------------------------------------------------- guessing and shortcuts
+
+
+def test_prompt_only_guessing_scores_low(hidden):
+    strategies = {
+        "entry service": lambda m: f"{m.group(2)}@1.0.0",
+        "common service": lambda m: "payments@2.4.1",
+        "entry with time": lambda m: f"{m.group(2)}@{int(m.group(3))}.{int(m.group(4))}.0",
+    }
+    for name, guess in strategies.items():
+        hits = sum(FAMILY.score(f"Answer: {guess(PROMPT_RE.fullmatch(ex.prompt))}", ex.answer) for ex in hidden)
+        assert hits / len(hidden) < 0.1, name
+
+
+def test_shortcut_heuristics_fall_short(hidden):
+    """Reading deploys without logs/dependencies is often wrong: the distractors do their job."""
+    latest_any = latest_reach = 0
+    for ex in hidden:
+        w = ex.world
+        first = minutes(w["alerts"][0]["time"])
+        before = [x for x in w["deploys"] if minutes(x["time"]) < first]
+        latest_any += FAMILY.score(f"Answer: {before[-1]['service']}@{before[-1]['version']}", ex.answer)
+        reach = closure(w["deps"], [w["alerts"][0]["service"]]) | {w["alerts"][0]["service"]}
+        near = [x for x in before if x["service"] in reach]
+        latest_reach += FAMILY.score(f"Answer: {near[-1]['service']}@{near[-1]['version']}", ex.answer)
+    assert latest_any / len(hidden) < 0.5, latest_any
+    assert latest_reach / len(hidden) < 0.75, latest_reach
+
+
+# ---------------------------------------------------------------- scorer
+
+
+@pytest.mark.parametrize("response, expected", [
+    ("Answer: payments@2.4.1", 1.0),
+    ("answer: PAYMENTS @ 2.4.1", 1.0),
+    ("Answer: payments 2.4.1", 1.0),
+    ("Answer: payments:2.4.1.", 1.0),
+    ("Answer: payments version 2.4.1", 1.0),
+    ("Answer: payments@v2.4.1", 1.0),
+    ("Answer: `payments@2.4.1`", 1.0),
+    ("Answer: **payments@2.4.1**", 1.0),
+    ("Logs show payments failing.\nAnswer: payments@2.4.1 (deployed 13:41)", 1.0),
+    ("Answer: search@1.0.0\nAnswer: payments@2.4.1", 1.0),  # the last answer line wins
+    ("Answer: payments@2.4.1\nAnswer: search@1.0.0", 0.0),
+    ("Answer: payments@2.4.1 or search@1.9.0", 0.0),  # hedging is wrong
+    ("Answer: payments@2.4.2", 0.0),
+    ("Answer: payments@2.4", 0.0),
+    ("Answer: payments@2.4.10", 0.0),
+    ("Answer: payment@2.4.1", 0.0),
+    ("Answer: payments", 0.0),
+    ("Answer: 2.4.1", 0.0),
+    ("payments@2.4.1", 0.0),  # no answer line
+    ("", 0.0),
+])
+def test_score(response, expected):
+    assert FAMILY.score(response, "payments@2.4.1") == expected
+
+
+def test_score_none_is_zero():
+    assert FAMILY.score(None, "payments@2.4.1") == 0.0  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- tools
+
+
+def test_tools_match_eval_format_and_have_schemas():
+    from transformers.utils import get_json_schema
+    import inspect
+
+    ex = examples({}, 1, seed=0)[0]
+    ef = FAMILY.eval_format(FAMILY.difficulty({}))
+    tools = FAMILY.tools(ex.world)
+    assert [t.__name__ for t in tools] == [s.name for s in ef.tools]
+    for fn, spec in zip(tools, ef.tools):
+        schema = get_json_schema(fn)
+        assert schema["function"]["name"] == spec.name
+        assert list(inspect.signature(fn).parameters) == [p.name for p in spec.parameters]
+        assert list(schema["function"]["parameters"].get("properties", {})) == [p.name for p in spec.parameters]
+        # the probe's example call is valid against an arbitrary world
+        for world in (ex.world, {}):
+            out = FAMILY.call_tool(world, ToolCall(name=spec.name, arguments=spec.example))
+            assert isinstance(out, str) and not out.startswith("error: bad arguments")
+
+
+BAD_CALLS = [
+    ("get_dependencies", {"service": "nonexistent"}),
+    ("get_dependencies", {"service": ""}),
+    ("get_dependencies", {"service": 42}),
+    ("get_dependencies", {"service": None}),
+    ("get_dependencies", {}),
+    ("list_deploys", {"since": ""}),
+    ("list_deploys", {"since": "two pm"}),
+    ("list_deploys", {"since": "25:00"}),
+    ("list_deploys", {"since": 1400}),
+    ("list_deploys", {"since": ["13:00"]}),
+    ("search_logs", {"service": "nonexistent", "level": "error"}),
+    ("search_logs", {"service": "", "level": "error"}),
+    ("search_logs", {"service": [], "level": "error"}),
+    ("search_logs", {"service": "SERVICE0", "level": "debug"}),
+    ("search_logs", {"service": "SERVICE0", "level": ""}),
+    ("search_logs", {"service": "SERVICE0", "level": 3}),
+    ("search_logs", {"service": "SERVICE0"}),
+    ("list_alerts", {"extra": 1}),
+    ("rollback", {"service": "SERVICE0"}),
+]
+
+
+@pytest.mark.parametrize("name, args", BAD_CALLS)
+def test_bad_tool_calls_return_error_text(name, args):
+    ex = examples({}, 1, seed=4)[0]
+    args = {k: (ex.world["services"][0] if v == "SERVICE0" else v) for k, v in args.items()}
+    out = FAMILY.call_tool(ex.world, ToolCall(name=name, arguments=args))
+    assert isinstance(out, str) and out.startswith("error:"), out
+    # the raw functions never raise either (call_tool's guard is not what saves them)
+    fns = {f.__name__: f for f in FAMILY.tools(ex.world)}
+    if name in fns:
+        try:
+            raw = fns[name](**args)
+        except TypeError:
+            return  # a missing/extra argument is a signature mismatch, reported by call_tool
+        assert raw.startswith("error:")
+
+
+def test_tool_outputs_are_normalised_and_short():
+    for ex in examples({"n_services": 8, "depth": 4, "n_distractor_deploys": 6, "n_background_deploys": 6,
+                        "log_noise": 6}, 30, seed=8):
+        svc = ex.world["services"][0]
+        assert FAMILY.call_tool(ex.world, ToolCall(name="get_dependencies", arguments={"service": f"  {svc.upper()} "})) \
+            .startswith(f"{svc} calls:")
+        assert FAMILY.call_tool(ex.world, ToolCall(name="search_logs", arguments={"service": svc, "level": " ERROR"})) \
+            == FAMILY.call_tool(ex.world, ToolCall(name="search_logs", arguments={"service": svc, "level": "error"}))
+        for s in ex.world["services"]:
+            for level in ("any", "warn", "error"):
+                out = FAMILY.call_tool(ex.world, ToolCall(name="search_logs", arguments={"service": s, "level": level}))
+                assert len(out.splitlines()) <= 9 and len(out) < 900
+        out = FAMILY.call_tool(ex.world, ToolCall(name="list_deploys", arguments={"since": "00:00"}))
+        assert len(out.splitlines()) == 9 and out.splitlines()[-1].startswith("... 5 more")
+        assert "no deploys" in FAMILY.call_tool(ex.world, ToolCall(name="list_deploys", arguments={"since": "23:59"}))
+
+
+# ---------------------------------------------------------------- difficulty
+
+
+def test_difficulty_defaults_and_validation():
+    assert FAMILY.difficulty({}).model_dump() == {"n_services": 5, "depth": 2, "n_distractor_deploys": 3,
+                                                  "n_background_deploys": 3, "log_noise": 2}
+    for bad in ({"bogus": 1}, {"n_services": 3}, {"n_services": 9}, {"depth": 0}, {"depth": 5},
+                {"n_services": 5, "depth": 4}, {"n_distractor_deploys": 0}, {"log_noise": -1}):
+        with pytest.raises(ValidationError):
+            FAMILY.difficulty(bad)
+    assert FAMILY.held_out is True and FAMILY.name == "triage"
+
+
+# ---------------------------------------------------------------- reference job
+
+
+def load_ref_env():
+    spec = importlib.util.spec_from_file_location("triage_ref_env", REF_JOB / "env.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_reference_job_passes_probe(monkeypatch, tmp_path):
+    from ait.probe.runner import probe_workspace
+
+    monkeypatch.setitem(ait.families.FAMILIES, "triage", FAMILY)
+    spec = build_spec("triage", constraints=CONSTRAINTS)
+    ws = tmp_path / "ws"
+    shutil.copytree(REF_JOB, ws)
+    report = probe_workspace(ws, spec)
+    assert report.valid, report.summary()
+
+
+def test_reference_env_is_self_contained_and_prompt_matches():
+    src = (REF_JOB / "env.py").read_text()
+    assert not re.search(r"^\s*(from|import)\s+ait\b", src, re.M)
+    env = load_ref_env()
+    assert env.SYSTEM_PROMPT == FAMILY.eval_format(FAMILY.difficulty({})).system_prompt
+
+
+def test_reference_dataset_rows_are_solvable_and_distinct():
+    env = load_ref_env()
+    rows = env.build_dataset(120, seed=5)
+    assert len(rows) == 120 and len({r["prompt"] for r in rows}) == 120
+    assert env.build_dataset(10, seed=5) == rows[:10]
+    for r in rows:
+        assert PROMPT_RE.fullmatch(r["prompt"]), r["prompt"]
+        assert independent_root(r["info"]["world"]) == [r["answer"]], r["prompt"]
+        e = env.Environment()
+        e.reset(r["info"])
+
+        def call(name, **args):
+            return getattr(e, name)(**args)
+
+        assert solve(r["prompt"], call) == r["answer"]
+        assert FAMILY.score(f"Answer: {r['answer']}", r["answer"]) == 1.0
+        assert env.reward_correct(f"Answer: {r['answer']}", r["answer"], r["info"]) == 1.0
+        wrong_version = r["answer"].rsplit(".", 1)[0] + ".999"
+        assert env.reward_correct(f"Answer: {wrong_version}", r["answer"], r["info"]) == 0.0
+        assert env.reward_partial(f"Answer: {wrong_version}", r["answer"], r["info"]) == 0.5
+        assert env.reward_format("no idea", r["answer"], r["info"]) == 0.0
+
+
+def test_reference_env_tools_agree_with_family_tools():
+    env = load_ref_env()
+    exs = examples({}, 40, seed=21) + examples(CONFIGS[3], 10, seed=22)
+    for ex in exs:
+        e = env.Environment()
+        e.reset({"world": ex.world})
+        calls = list(FAMILY.gold_trace(ex))
+        calls += [ToolCall(name="get_dependencies", arguments={"service": s}) for s in ex.world["services"]]
+        calls += [ToolCall(name="search_logs", arguments={"service": s, "level": lv})
+                  for s in ex.world["services"] for lv in ("any", "warn", "Error")]
+        calls += [ToolCall(name="list_deploys", arguments={"since": t}) for t in ("00:00", "9:30", "23:59", "bad", "")]
+        calls += [ToolCall(name="get_dependencies", arguments={"service": "nope"}),
+                  ToolCall(name="search_logs", arguments={"service": ex.world["services"][0], "level": "debug"})]
+        for c in calls:
+            assert getattr(e, c.name)(**c.arguments) == FAMILY.call_tool(ex.world, c), c
+    # an empty info must not crash the reference tools either
+    e = env.Environment()
+    e.reset({})
+    assert e.list_alerts() == "no alerts" and e.get_dependencies("x").startswith("error:")
