@@ -99,6 +99,38 @@ def tasks_show(name: str, as_json: bool = typer.Option(False, "--json", help="Pr
         console.print(f"[dim]dev[/] {ex.prompt} → {ex.answer}")
 
 
+@tasks_app.command("sample")
+def tasks_sample(family: str = typer.Argument(..., help="Family name (see `ait tasks list`)."),
+                 n: int = typer.Option(3, "--n", min=1, max=100, help="How many examples."),
+                 seed: int = typer.Option(0, help="Generator seed (public; never the hidden one)."),
+                 as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Print generated examples with their gold tool trace (each call and what the tool returned)."""
+    import random
+
+    from ait.families import get_family
+
+    try:
+        fam = get_family(family)
+    except KeyError as e:
+        fail(str(e.args[0]))
+    rng, d = random.Random(seed), fam.difficulty()
+    samples = []
+    for _ in range(n):
+        ex = fam.example(rng, d)
+        trace = [{"tool": c.name, "arguments": c.arguments, "result": fam.call_tool(ex.world, c)}
+                 for c in fam.gold_trace(ex)]
+        samples.append({"prompt": ex.prompt, "answer": ex.answer, "trace": trace})
+    if as_json:
+        print(json.dumps(samples, indent=2))
+        return
+    for i, s in enumerate(samples, 1):
+        console.print(f"[bold]#{i}[/] {s['prompt']}", highlight=False)
+        for step in s["trace"]:
+            args = ", ".join(f"{k}={v!r}" for k, v in step["arguments"].items())
+            console.print(f"   {step['tool']}({args}) → {step['result']}", highlight=False)
+        console.print(f"   [green]Answer: {s['answer']}[/]\n", highlight=False)
+
+
 @job_app.command("validate")
 def job_validate(workspace: Path = typer.Argument(..., help="Workspace with job.toml and env.py."),
                  task: str = typer.Option(..., "--task", help="TaskSpec path or name."),

@@ -1,0 +1,50 @@
+"""Write examples/tasks/*.json from the families (the committed files are this script's output).
+
+    python scripts/make_task_specs.py            # rewrite them
+    python scripts/make_task_specs.py --check    # exit 1 if any committed file differs
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ait.families import FAMILIES, build_spec
+from ait.spec import Constraints
+
+OUT = Path(__file__).resolve().parents[1] / "examples" / "tasks"
+MODELS = ["tiny", "Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B"]
+
+
+def constraints(time_budget_s: float = 600.0) -> Constraints:
+    return Constraints(allowed_base_models=MODELS, max_steps=200, max_group_size=16, max_prompts_per_step=16,
+                       max_completion_tokens=512, max_turns=8, time_budget_s=time_budget_s,
+                       min_dataset_rows=32, max_dataset_rows=20_000)
+
+
+def specs() -> dict[str, str]:
+    out = {name: build_spec(name, constraints=constraints()) for name in FAMILIES}
+    # A fast variant for smoke runs: shorter chains, a smaller hidden set, a tighter budget.
+    out["calc_chain_fast"] = build_spec("calc_chain", task_id="calc_chain_fast", difficulty={"n_ops": 2},
+                                        constraints=constraints(time_budget_s=120.0), hidden_eval_size=64)
+    return {name: spec.model_dump_json(indent=2) + "\n" for name, spec in out.items()}
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    stale = []
+    for name, text in specs().items():
+        path = OUT / f"{name}.json"
+        if check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(path.name)
+        else:
+            path.write_text(text)
+    if stale:
+        print(f"stale task specs (run scripts/make_task_specs.py): {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
