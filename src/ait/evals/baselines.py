@@ -86,7 +86,7 @@ class BaselineStore:
         os.replace(tmp, self.path)
 
 
-def measure_pre(task_path: str | Path, base_model: str, n: int | None = None) -> "EvalReport":
+def measure_pre(task_path: str | Path, base_model: str, n: int | None = None):
     """Score the untrained model on the hidden set, in a separate eval process."""
     from ait.evals.hidden_eval import EvalReport, EvalRequest
     from ait.sandbox import run_process

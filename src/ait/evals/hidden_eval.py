@@ -10,7 +10,6 @@ match the base model exactly.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path

@@ -1,0 +1,3 @@
+from ait.cli import main
+
+main()

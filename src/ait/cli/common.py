@@ -1,0 +1,44 @@
+"""Shared helpers of the `ait` command: consoles, one-line errors, task lookup."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+console = Console()
+err = Console(stderr=True)
+
+
+def fail(message: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def tasks_dirs() -> list[Path]:
+    dirs = [Path(os.environ["AIT_TASKS_DIR"])] if os.environ.get("AIT_TASKS_DIR") else []
+    dirs.append(Path("examples/tasks"))
+    dirs.append(Path(__file__).resolve().parents[2] / "examples" / "tasks")  # a source checkout
+    return [d for d in dirs if d.is_dir()]
+
+
+def find_task(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    for d in tasks_dirs():
+        if (d / f"{name_or_path}.json").is_file():
+            return d / f"{name_or_path}.json"
+    fail(f"task {name_or_path!r} not found: pass a TaskSpec JSON path or a name from `ait tasks list`")
+
+
+def load_task(name_or_path: str):
+    from ait.spec import SpecError, load_spec
+
+    path = find_task(name_or_path)
+    try:
+        return load_spec(path), path
+    except SpecError as e:
+        fail(str(e))
