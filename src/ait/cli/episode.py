@@ -13,7 +13,8 @@ from ait.cli.common import console, err, fail, load_task
 
 def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path or name."),
             policy: str = typer.Option("reference", help="Agent policy: reference."),
-            executor: Optional[str] = typer.Option(None, help="inline (default) or queue (needs `ait worker`)."),
+            executor: Optional[str] = typer.Option(None, help="inline (default), queue (needs `ait worker`), local or ray."),
+            ray_address: Optional[str] = typer.Option(None, help="Ray cluster address (with --executor ray)."),
             config: Optional[Path] = typer.Option(None, help="EpisodeConfig TOML."),
             eval_size: Optional[int] = typer.Option(None, help="Hidden examples to score (default: the spec's)."),
             runs_dir: Optional[Path] = typer.Option(None, help="Where runs/<id>/ goes (default ./runs or AIT_RUNS)."),
@@ -29,7 +30,8 @@ def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path
     spec, path = load_task(task)
     try:
         cfg = load_config(config, EpisodeConfig) if config else EpisodeConfig()
-        overrides = {k: v for k, v in {"executor": executor, "eval_size": eval_size}.items() if v is not None}
+        overrides = {k: v for k, v in {"executor": executor, "eval_size": eval_size,
+                                       "ray_address": ray_address}.items() if v is not None}
         cfg = EpisodeConfig.model_validate({**cfg.model_dump(), **overrides})
         agent = make_policy(policy)
     except (ConfigError, ValueError) as e:

@@ -9,6 +9,8 @@ never an exception: the episode still completes and scores job_quality 0.
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -32,15 +34,19 @@ def classify_failure(outcome: RunOutcome) -> FailReason:
     return FailReason.crash
 
 
-def run_job(job: Job) -> JobResult:
+def run_job(job: Job, extra_env: dict[str, str] | None = None) -> JobResult:
+    """Train then evaluate one job. `extra_env` reaches both processes (e.g. CUDA_VISIBLE_DEVICES
+    for the GPU slot an executor assigned)."""
     job_dir = Path(job.run_dir) / "job"
-    job_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(job_dir, ignore_errors=True)  # a retried job starts clean, never on a dead attempt's files
+    job_dir.mkdir(parents=True)
     job_json = job_dir / "job.json"
     job_json.write_text(job.model_dump_json(indent=2))
     start = time.monotonic()
 
     outcome = run_untrusted(["-m", "ait.train.grpo", str(job_json)], cwd=job_dir,
-                            timeout_s=job.time_budget_s * job.kill_factor, log_path=job_dir / "train.log")
+                            timeout_s=job.time_budget_s * job.kill_factor, log_path=job_dir / "train.log",
+                            env=extra_env)
     # The worker's clock, not the job's own report, is what the speed term uses.
     train_seconds = outcome.seconds
     base = dict(job_id=job.job_id, base_model=job.config.job.base_model, train_seconds=train_seconds)
@@ -63,7 +69,8 @@ def run_job(job: Job) -> JobResult:
     req_path.write_text(req.model_dump_json(indent=2))
     # Our own code: it keeps the full environment but still gets a process group and a timeout.
     evaluated = run_process(["-m", "ait.evals.hidden_eval", str(req_path)], cwd=job_dir,
-                            timeout_s=EVAL_TIMEOUT_S, log_path=job_dir / "eval.log")
+                            timeout_s=EVAL_TIMEOUT_S, log_path=job_dir / "eval.log",
+                            env={**os.environ, **(extra_env or {})})
     if evaluated.returncode != 0:
         return JobResult(ok=False, fail_reason=FailReason.crash,
                          error=f"hidden eval failed (status {evaluated.returncode})\n{evaluated.log_tail}",

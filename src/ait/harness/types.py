@@ -55,8 +55,10 @@ class EpisodeConfig(Strict):
     """Reminders to submit when the agent stops without submitting."""
     probe_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     """Wall-clock limit of one probe."""
-    executor: Literal["inline", "queue"] = "inline"
-    """inline: run the job in this process's control; queue: enqueue and let a worker run it."""
+    executor: Literal["inline", "queue", "local", "ray"] = "inline"
+    """inline: run here; queue: enqueue for `ait worker`; local: a local slot pool; ray: Ray tasks."""
+    ray_address: str | None = None
+    """Ray cluster to join (executor = ray); None starts or joins a local Ray."""
     queue_path: str = "runs/queue.sqlite"
     """SQLite queue file (executor = queue)."""
     job_wait_s: float = Field(default=7200.0, gt=0)
