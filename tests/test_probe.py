@@ -557,7 +557,7 @@ def test_cli_job_validate_missing_workspace(monkeypatch: pytest.MonkeyPatch, tmp
 
 
 # --- the trust boundary: agent code against the trusted parent and the host --------------------------------
-# The xfails document holes that only stronger sandbox layers (Landlock, namespaces) close.
+# Landlock's read allow-list closes these: other processes' /proc entries and AIT_HOME are not readable.
 
 RUN_PROBE = ("import sys\nfrom ait.probe.runner import probe_workspace\nfrom ait.spec import load_spec\n"
              "print(probe_workspace(sys.argv[1], load_spec(sys.argv[2]), timeout_s=10).model_dump_json())\n")
@@ -593,8 +593,6 @@ def test_fifo_at_observations_path_does_not_hang_the_parent(tmp_path: Path) -> N
     assert not report.valid
 
 
-@pytest.mark.xfail(strict=True, reason="src/ait/sandbox/__init__.py: the scrubbed environment is bypassed by "
-                                       "reading /proc/<parent pid>/environ (same uid, no pid namespace)")
 def test_parent_environ_is_not_readable_from_env_py(tmp_path: Path) -> None:
     ws = build_workspace(tmp_path / "ws", env=textwrap.dedent("""
         import os
@@ -604,13 +602,10 @@ def test_parent_environ_is_not_readable_from_env_py(tmp_path: Path) -> None:
     proc = probe_in_subprocess(ws, tmp_path, timeout_s=30, OPENAI_API_KEY=SECRET)
     assert proc.returncode == 0, proc.stderr
     report = ProbeReport.model_validate_json(proc.stdout)
-    assert "LEAK" in report.errors[0].message  # the env.py ran
+    assert "PermissionError" in report.errors[0].message and "environ" in report.errors[0].message  # refused
     assert SECRET not in proc.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="src/ait/sandbox/__init__.py: AIT_HOME is passed to agent code and nothing "
-                                       "restricts reads, so env.py can read AIT_HOME/hidden_secret (the hidden "
-                                       "eval's seed), against DESIGN's 'never readable from inside'")
 def test_hidden_secret_is_not_readable_from_env_py(monkeypatch: pytest.MonkeyPatch, probe_spec: TaskSpec,
                                                    tmp_path: Path) -> None:
     from ait.home import hidden_secret
@@ -629,7 +624,7 @@ def test_hidden_secret_is_not_readable_from_env_py(monkeypatch: pytest.MonkeyPat
         raise ValueError("HIDDEN=" + found)
     """))
     report = probe_workspace(ws, probe_spec, timeout_s=30)
-    assert "HIDDEN=" in report.errors[0].message  # the env.py ran
+    assert "HIDDEN=unreadable (PermissionError)" in report.errors[0].message  # ran, and Landlock refused the read
     assert secret not in report.model_dump_json()
 
 

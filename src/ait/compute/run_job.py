@@ -17,8 +17,9 @@ from pathlib import Path
 
 from ait.evals.hidden_eval import EvalReport, EvalRequest
 from ait.job.types import FailReason, Job, JobResult
-from ait.sandbox import RunOutcome, run_process, run_untrusted
-from ait.train.grpo import EXIT_OOM, TrainOutput
+from ait.sandbox import Limits, RunOutcome, SandboxPolicy, run_process, run_untrusted
+from ait.train.grpo import EXIT_OOM, TrainOutput, TrainRequest
+from ait.train.models import ModelResolutionError, resolve_base_model
 
 EVAL_TIMEOUT_S = 3600.0
 
@@ -34,19 +35,39 @@ def classify_failure(outcome: RunOutcome) -> FailReason:
     return FailReason.crash
 
 
+def train_policy(job: Job, model_path: str, job_dir: Path, extra_env: dict[str, str] | None) -> SandboxPolicy:
+    """The training process reads the workspace snapshot and the base weights, writes only the job dir."""
+    devices = (extra_env or {}).get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    gpu = devices != "" and Path("/dev/nvidiactl").exists()
+    return SandboxPolicy(read=[job.workspace, *model_read_paths(model_path)], write=[str(job_dir)], gpu=gpu,
+                         limits=Limits(cpu_s=int(job.time_budget_s * job.kill_factor * 64) + 600))
+
+
+def model_read_paths(path: str) -> list[str]:
+    """A Hugging Face snapshot's files are links into the repo's blobs/: grant the repo directory."""
+    p = Path(path)
+    return [str(p.parents[1])] if p.parent.name == "snapshots" else [str(p)]
+
+
 def run_job(job: Job, extra_env: dict[str, str] | None = None) -> JobResult:
     """Train then evaluate one job. `extra_env` reaches both processes (e.g. CUDA_VISIBLE_DEVICES
     for the GPU slot an executor assigned)."""
     job_dir = Path(job.run_dir) / "job"
     shutil.rmtree(job_dir, ignore_errors=True)  # a retried job starts clean, never on a dead attempt's files
     job_dir.mkdir(parents=True)
-    job_json = job_dir / "job.json"
-    job_json.write_text(job.model_dump_json(indent=2))
     start = time.monotonic()
 
-    outcome = run_untrusted(["-m", "ait.train.grpo", str(job_json)], cwd=job_dir,
+    try:
+        base_model = resolve_base_model(job.config.job.base_model)  # trusted: downloads happen here, not inside
+    except ModelResolutionError as e:
+        return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.crash, error=str(e),
+                         base_model=job.config.job.base_model)
+    request = TrainRequest(job=job, base_model_path=base_model.path)
+    request_path = job_dir / "train_request.json"
+    request_path.write_text(request.model_dump_json(indent=2))
+    outcome = run_untrusted(["-m", "ait.train.grpo", str(request_path)], cwd=job_dir,
                             timeout_s=job.time_budget_s * job.kill_factor, log_path=job_dir / "train.log",
-                            env=extra_env)
+                            policy=train_policy(job, base_model.path, job_dir, extra_env), env=extra_env)
     # The worker's clock, not the job's own report, is what the speed term uses.
     train_seconds = outcome.seconds
     base = dict(job_id=job.job_id, base_model=job.config.job.base_model, train_seconds=train_seconds)

@@ -17,11 +17,12 @@ from pathlib import Path
 from ait.job.config import JobConfigError, load_job_config
 from ait.probe.checks import verdict
 from ait.probe.types import Observations, ProbeCheck, ProbeError, ProbeReport, ProbeRequest
-from ait.sandbox import run_untrusted
+from ait.sandbox import Limits, SandboxPolicy, run_untrusted
 from ait.spec import TaskSpec
 
 DEFAULT_TIMEOUT_S = 60.0
 MAX_OBSERVATIONS_BYTES = 2_000_000
+PROBE_LIMITS = Limits(cpu_s=300, file_bytes=256 * 2**20, processes=64, address_space_bytes=8 * 2**30)
 
 
 def read_regular_file(path: Path, limit: int) -> bytes:
@@ -67,8 +68,14 @@ def run_child(workspace: Path, req: ProbeRequest, timeout_s: float) -> Observati
     try:
         req_path, obs_path = scratch / "request.json", scratch / "observations.json"
         req_path.write_text(req.model_dump_json())
+        # The child may read the workspace and write only its scratch directory.
+        policy = SandboxPolicy(read=[str(workspace), str(req_path)], write=[str(scratch / "run")],
+                               limits=PROBE_LIMITS)
+        (scratch / "run").mkdir()
+        obs_path = scratch / "run" / "observations.json"
         outcome = run_untrusted(["-m", "ait.probe.child", str(workspace), str(req_path), str(obs_path)],
-                                cwd=scratch, timeout_s=timeout_s, log_path=scratch / "probe.log")
+                                cwd=scratch / "run", timeout_s=timeout_s, log_path=scratch / "probe.log",
+                                policy=policy)
         if outcome.timed_out:
             return ProbeError(check=ProbeCheck.timeout, message=f"the probe did not finish within {timeout_s:.0f}s: "
                               "env.py's import, build_dataset, tools or rewards are too slow or never return")

@@ -1,9 +1,13 @@
 """Running untrusted (agent-written) code. Every run of agent code goes through `run_untrusted`.
 
-This first layer is a subprocess in its own session and process group, killed as a
-group on timeout, with a scrubbed environment (no API keys or tokens leak in) and its
-output captured to a log file with a size cap. Stronger layers (rlimits, Landlock,
-seccomp, namespaces) slot in behind this same function.
+Layers, strongest available first, detected at run time (`ait doctor` lists them):
+a new session and process group killed as a group on timeout, with a parent-death
+signal; rlimits; a scrubbed environment with a private HOME and TMPDIR; a pids cgroup;
+all capabilities dropped when running as root; Landlock (reads from an allow-list,
+writes only in the run's directory, no TCP, no signals outside); seccomp (no network
+sockets, ptrace, mount, namespaces, bpf, keyctl). The layers are applied in the child
+by `ait.sandbox.launch` before it execs the target. With no isolating layer available,
+agent code is refused unless AIT_UNSAFE_NO_SANDBOX=1 (the `--unsafe-no-sandbox` flag).
 """
 
 from __future__ import annotations
@@ -16,12 +20,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ait.sandbox.types import Limits, SandboxPolicy
+
+__all__ = ["Limits", "RunOutcome", "SandboxPolicy", "SandboxUnavailable", "run_process", "run_untrusted"]
+
 # Variables a child needs to run Python and find its libraries; everything else
 # (API keys, cloud credentials, tokens) is dropped.
-KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "HOME", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV",
-            "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "AIT_HOME", "HF_HOME", "HF_HUB_OFFLINE",
-            "TRANSFORMERS_OFFLINE", "PYTORCH_CUDA_ALLOC_CONF")
+KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES",
+            "OMP_NUM_THREADS", "PYTORCH_CUDA_ALLOC_CONF")
+UNSAFE_ENV = "AIT_UNSAFE_NO_SANDBOX"
 MAX_LOG_BYTES = 5_000_000
+PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
 
 
 @dataclass
@@ -36,12 +45,72 @@ class RunOutcome:
     """Last lines of combined stdout/stderr."""
 
 
-def scrubbed_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+class SandboxUnavailable(RuntimeError):
+    """No isolating layer works here and the user did not accept running without one."""
+
+
+def scrubbed_env(private_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Only what Python needs; HOME, TMPDIR and every cache point into the run's own directory."""
     env = {k: v for k, v in os.environ.items() if k in KEEP_ENV}
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    home, tmp = private_dir / ".home", private_dir / ".tmp"
+    home.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir(parents=True, exist_ok=True)
+    env.update(HOME=str(home), TMPDIR=str(tmp), PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
+               HF_HOME=str(home / "hf"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               TRITON_CACHE_DIR=str(tmp / "triton"), TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
+               MPLCONFIGDIR=str(tmp), WANDB_MODE="disabled", TRL_EXPERIMENTAL_SILENCE="1")
     env.update(extra or {})
     return env
+
+
+def unsafe_allowed() -> bool:
+    return os.environ.get(UNSAFE_ENV) == "1"
+
+
+def make_pids_cgroup(max_pids: int) -> Path | None:
+    base = PIDS_CGROUP / "ait"
+    try:
+        base.mkdir(exist_ok=True)
+        path = base / f"run-{os.getpid()}-{time.monotonic_ns()}"
+        path.mkdir()
+        (path / "pids.max").write_text(str(max_pids))
+        return path
+    except OSError:
+        return None  # not delegated after all: fall back to RLIMIT_NPROC
+
+
+def remove_cgroup(path: Path) -> None:
+    """Kill whatever is still in the run's cgroup (even processes that escaped the group), then remove it."""
+    for _ in range(50):
+        try:
+            pids = [int(p) for p in (path / "cgroup.procs").read_text().split()]
+        except OSError:
+            return
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)
+    try:
+        path.rmdir()
+    except OSError:
+        pass
+
+
+def count_user_processes() -> int:
+    uid = os.getuid()
+    count = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    count += 1
+            except OSError:
+                pass
+    return count
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -52,9 +121,28 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 
 def run_untrusted(args: list[str], *, cwd: str | Path, timeout_s: float, log_path: str | Path,
-                  env: dict[str, str] | None = None) -> RunOutcome:
-    """Run agent code: `python args...` with a scrubbed environment (and, later, more layers)."""
-    return run_process(args, cwd=cwd, timeout_s=timeout_s, log_path=log_path, env=scrubbed_env(env))
+                  policy: SandboxPolicy, env: dict[str, str] | None = None) -> RunOutcome:
+    """Run agent code: `python args...` inside every layer this host supports.
+    `policy.write[0]` is the run's private directory (HOME, TMPDIR and caches go there)."""
+    from ait.sandbox.detect import cached_capabilities
+    from ait.sandbox.launch import LaunchPlan
+
+    capabilities = cached_capabilities()
+    if not capabilities.isolating and not unsafe_allowed():
+        raise SandboxUnavailable(
+            "no isolating sandbox layer (Landlock, seccomp, namespaces) works on this host, so agent code is not "
+            "run; see `ait doctor`, or pass --unsafe-no-sandbox to run it anyway (recorded in the run's manifest)")
+    layers = [layer.name for layer in capabilities.layers if layer.active]
+    cgroup = make_pids_cgroup(policy.limits.processes) if "pids_cgroup" in layers else None
+    nproc = None if cgroup else count_user_processes() + policy.limits.processes
+    plan = LaunchPlan(policy=policy, layers=layers, cgroup=str(cgroup) if cgroup else None, nproc_limit=nproc,
+                      args=args)
+    try:
+        return run_process(["-m", "ait.sandbox.launch", plan.model_dump_json()], cwd=cwd, timeout_s=timeout_s,
+                           log_path=log_path, env=scrubbed_env(Path(policy.write[0]), env))
+    finally:
+        if cgroup:
+            remove_cgroup(cgroup)
 
 
 def run_process(args: list[str], *, cwd: str | Path, timeout_s: float, log_path: str | Path,

@@ -5,7 +5,7 @@ only under the job directory: a safetensors checkpoint and `train_output.json`. 
 numbers are informational; the worker measures wall time itself and the hidden eval
 runs in a separate process that trusts nothing written here except tensors.
 
-    python -m ait.train.grpo JOB_JSON
+    python -m ait.train.grpo TRAIN_REQUEST_JSON
 """
 
 from __future__ import annotations
@@ -22,9 +22,15 @@ from pydantic import BaseModel, Field
 
 from ait.job.env_loader import EnvSurface, call_reward, import_env, read_surface
 from ait.job.types import Job, TrainConfig
-from ait.train.models import resolve_base_model
 
 EXIT_OOM = 3  # the worker maps this exit status to FailReason.oom
+
+
+class TrainRequest(BaseModel):
+    job: Job
+    """The job to train."""
+    base_model_path: str
+    """Local directory of the base weights, resolved by the worker (trusted) before this process starts."""
 
 
 class TrainOutput(BaseModel):
@@ -137,7 +143,7 @@ def grpo_config(train: TrainConfig, out_dir: Path, reward_weights: list[float] |
     )
 
 
-def train(job: Job) -> TrainOutput:
+def train(job: Job, base_model_path: str) -> TrainOutput:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoTokenizer
@@ -148,8 +154,7 @@ def train(job: Job) -> TrainOutput:
     if surface is None:
         raise RuntimeError("env.py surface invalid: " + "; ".join(errors))
     train_cfg = job.config.train
-    base = resolve_base_model(job.config.job.base_model)
-    tokenizer = AutoTokenizer.from_pretrained(base.path, padding_side="left")
+    tokenizer = AutoTokenizer.from_pretrained(base_model_path, padding_side="left")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     reward_errors: dict[str, int] = {}
@@ -159,7 +164,7 @@ def train(job: Job) -> TrainOutput:
         peft_config = LoraConfig(task_type="CAUSAL_LM", r=lora.r, lora_alpha=lora.lora_alpha,
                                  lora_dropout=lora.lora_dropout, target_modules=lora.target_modules)
     trainer = GRPOTrainer(
-        model=base.path,
+        model=base_model_path,
         reward_funcs=[to_trl_reward(fn, reward_errors) for fn in surface.reward_funcs],
         args=grpo_config(train_cfg, out_dir, surface.reward_weights),
         train_dataset=Dataset.from_list(build_rows(surface, train_cfg)),
@@ -198,9 +203,10 @@ def summarize_log(history: list[dict[str, Any]]) -> dict[str, float]:
 
 def main(argv: list[str]) -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    job = Job.model_validate_json(Path(argv[0]).read_text())
+    request = TrainRequest.model_validate_json(Path(argv[0]).read_text())
+    job = request.job
     try:
-        output = train(job)
+        output = train(job, request.base_model_path)
     except Exception as e:
         import torch
 

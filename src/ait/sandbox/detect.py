@@ -1,0 +1,108 @@
+"""Which isolation layers this host supports, detected by trying them (cached per kernel).
+
+    python -m ait.sandbox.detect    # try every layer in a throwaway child, print JSON
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from ait.sandbox.types import Capabilities, Layer
+
+PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
+
+
+def _try_in_child() -> dict[str, str]:
+    """Run in a throwaway process: apply each layer and see it bite. Returns name -> detail ('' = works)."""
+    from ait.sandbox import caps, landlock, seccomp
+
+    out: dict[str, str] = {}
+    abi = landlock.abi_version()
+    out["landlock"] = f"ABI {abi}" if abi else "kernel has no Landlock (needs Linux >= 5.13 with landlock in the LSM list)"
+    try:
+        seccomp.install()
+        try:
+            socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            out["seccomp"] = "installed but socket(AF_INET) still worked"
+        except PermissionError:
+            out["seccomp"] = "ok"
+    except Exception as e:
+        out["seccomp"] = f"unavailable: {e}"
+    out["capabilities"] = "ok" if os.geteuid() != 0 or caps.drop_all() is None else "could not drop"
+    return out
+
+
+def pids_cgroup_writable() -> bool:
+    return PIDS_CGROUP.is_dir() and os.access(PIDS_CGROUP, os.W_OK) and (PIDS_CGROUP / "cgroup.procs").exists()
+
+
+def detect() -> Capabilities:
+    proc = subprocess.run([sys.executable, "-m", "ait.sandbox.detect", "--child"], capture_output=True, text=True,
+                          timeout=60)
+    try:
+        tried = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tried = {}
+    abi_detail = tried.get("landlock", "detection failed")
+    landlock_ok = abi_detail.startswith("ABI ")
+    abi = int(abi_detail.split()[1]) if landlock_ok else 0
+    root = os.geteuid() == 0
+    layers = [
+        Layer(name="session", active=True, isolating=False,
+              detail="own session and process group, killed as a group on timeout; parent-death signal"),
+        Layer(name="rlimits", active=True, isolating=False,
+              detail="CPU, file size, open files, processes, address space (not with a GPU)"),
+        Layer(name="env", active=True, isolating=False, detail="scrubbed environment, private HOME and TMPDIR"),
+        Layer(name="landlock", active=landlock_ok, isolating=True,
+              detail=(f"{abi_detail}: reads only from an allow-list, writes only in the job directory"
+                      + ("; no TCP" if abi >= 4 else "; TCP not filtered (ABI < 4)")
+                      + ("; no signals outside the sandbox" if abi >= 6 else "")) if landlock_ok else abi_detail),
+        Layer(name="seccomp", active=tried.get("seccomp") == "ok", isolating=True,
+              detail="no network sockets, ptrace, mount, namespaces, bpf, keyctl, module loading"
+              if tried.get("seccomp") == "ok" else tried.get("seccomp", "detection failed")),
+        Layer(name="capabilities", active=root and tried.get("capabilities") == "ok", isolating=True,
+              detail="running as root: every capability dropped before agent code runs" if root
+              else "not root: nothing to drop"),
+        Layer(name="pids_cgroup", active=pids_cgroup_writable(), isolating=False,
+              detail=f"{PIDS_CGROUP}: a pids.max per run, and a handle to kill every process it made"
+              if pids_cgroup_writable() else f"{PIDS_CGROUP} not writable: RLIMIT_NPROC instead"),
+        Layer(name="namespaces", active=False, isolating=True,
+              detail="bubblewrap not used: not installed" if not _which("bwrap") else "bubblewrap found but not wired in"),
+    ]
+    return Capabilities(kernel=platform.release(), layers=layers)
+
+
+def _which(name: str) -> str | None:
+    import shutil
+
+    return shutil.which(name)
+
+
+def cached_capabilities(refresh: bool = False) -> Capabilities:
+    """Detection is a few hundred ms; cache it per kernel release in AIT_HOME/sandbox.json."""
+    from ait.home import ait_home
+
+    path = ait_home() / "sandbox.json"
+    if not refresh and path.exists():
+        try:
+            caps = Capabilities.model_validate_json(path.read_text())
+            if caps.kernel == platform.release():
+                return caps
+        except ValueError:
+            pass
+    caps = detect()
+    path.write_text(caps.model_dump_json(indent=2))
+    return caps
+
+
+if __name__ == "__main__":
+    if "--child" in sys.argv:
+        print(json.dumps(_try_in_child()))
+    else:
+        print(detect().model_dump_json(indent=2))

@@ -1,0 +1,58 @@
+"""The sandbox's models: what a run may touch, and which isolation layers this host has."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class Limits(BaseModel):
+    cpu_s: int = Field(default=3600, ge=1)
+    """RLIMIT_CPU: CPU seconds before SIGXCPU/SIGKILL."""
+    file_bytes: int = Field(default=4 * 2**30, ge=1)
+    """RLIMIT_FSIZE: largest file the run may write."""
+    open_files: int = Field(default=1024, ge=16)
+    """RLIMIT_NOFILE."""
+    processes: int = Field(default=256, ge=8)
+    """Processes and threads the run may add (pids cgroup, else RLIMIT_NPROC)."""
+    address_space_bytes: int | None = Field(default=16 * 2**30, ge=2**28)
+    """RLIMIT_AS; None where a GPU is used (CUDA maps huge virtual ranges)."""
+
+
+class SandboxPolicy(BaseModel):
+    """What one untrusted run may do. Paths are absolute."""
+
+    read: list[str] = Field(default_factory=list)
+    """Extra read-only paths (the workspace, model weights)."""
+    write: list[str] = Field(default_factory=list)
+    """Writable paths (the job directory); everything else is read-only or invisible."""
+    gpu: bool = False
+    """Bind GPU device nodes in and lift the address-space limit."""
+    limits: Limits = Field(default_factory=Limits)
+    """Resource limits."""
+
+
+class Layer(BaseModel):
+    name: str
+    """Layer name (session, rlimits, env, landlock, seccomp, capabilities, pids_cgroup, namespaces)."""
+    active: bool
+    """Whether it is applied on this host."""
+    isolating: bool
+    """Whether it confines what code can reach (not just how long it runs)."""
+    detail: str
+    """Why it is (not) active, e.g. the Landlock ABI."""
+
+
+class Capabilities(BaseModel):
+    """Detected once per host and kernel; cached in AIT_HOME/sandbox.json."""
+
+    kernel: str
+    """uname release the detection ran on."""
+    layers: list[Layer]
+    """Every layer, active or not."""
+
+    def active(self, name: str) -> bool:
+        return any(layer.name == name and layer.active for layer in self.layers)
+
+    @property
+    def isolating(self) -> bool:
+        return any(layer.active and layer.isolating for layer in self.layers)
