@@ -614,13 +614,14 @@ def test_hidden_secret_is_not_readable_from_env_py(monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv("AIT_HIDDEN_SEED", raising=False)
     secret = hidden_secret()
     assert (tmp_path / "home" / "hidden_secret").is_file()
-    ws = build_workspace(tmp_path / "ws", env=textwrap.dedent("""
+    # The attacker knows where the secret lives (AIT_HOME itself is not passed in).
+    ws = build_workspace(tmp_path / "ws", env=textwrap.dedent(f"""
         import os
-        home = os.environ.get("AIT_HOME") or os.path.expanduser("~/.ait")
+        assert "AIT_HOME" not in os.environ
         try:
-            found = open(os.path.join(home, "hidden_secret")).read()
+            found = open({str(tmp_path / "home" / "hidden_secret")!r}).read()
         except OSError as e:
-            found = f"unreadable ({type(e).__name__})"
+            found = f"unreadable ({{type(e).__name__}})"
         raise ValueError("HIDDEN=" + found)
     """))
     report = probe_workspace(ws, probe_spec, timeout_s=30)
