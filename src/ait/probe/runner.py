@@ -83,7 +83,8 @@ def run_child(workspace: Path, req: ProbeRequest, timeout_s: float) -> Observati
             return Observations.model_validate_json(read_regular_file(obs_path, MAX_OBSERVATIONS_BYTES))
         except (OSError, ValueError):
             last = (outcome.log_tail.strip().splitlines() or ["no output"])[-1][:300]
-            return ProbeError(check=ProbeCheck.crash, message=f"the probe process died (exit status "
-                              f"{outcome.returncode}) while running env.py: {last}")
+            return ProbeError(check=ProbeCheck.crash, message=f"the probe's report is missing or unreadable (exit "
+                              f"status {outcome.returncode}): env.py crashed the process, exited early, forked, or "
+                              f"wrote over the report; last output: {last}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -12,10 +12,12 @@ agent code is refused unless AIT_UNSAFE_NO_SANDBOX=1 (the `--unsafe-no-sandbox` 
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,33 +149,47 @@ def run_untrusted(args: list[str], *, cwd: str | Path, timeout_s: float, log_pat
 
 def run_process(args: list[str], *, cwd: str | Path, timeout_s: float, log_path: str | Path,
                 env: dict[str, str] | None = None) -> RunOutcome:
-    """Run `python args...` in a new session; kill the whole group at `timeout_s`."""
+    """Run `python args...` in a new session; kill the whole group at `timeout_s`.
+    Output goes through a pipe: the log keeps the first MAX_LOG_BYTES/2 and the last
+    MAX_LOG_BYTES/2 bytes, so a flood of output can neither fill the disk nor hide the end."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            kill_group(proc)  # also reaps grandchildren left behind by a finished parent
-            proc.wait()
-    _truncate(log_path)
+    proc = subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    reader = threading.Thread(target=_capture, args=(proc.stdout, log_path), daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        kill_group(proc)  # also reaps grandchildren left behind by a finished parent
+        proc.wait()
+        reader.join(timeout=10)
     return RunOutcome(None if timed_out else proc.returncode, timed_out, time.monotonic() - start, tail(log_path))
 
 
-def _truncate(path: Path) -> None:
-    if path.stat().st_size > MAX_LOG_BYTES:
-        with open(path, "r+b") as f:
-            f.seek(-MAX_LOG_BYTES, os.SEEK_END)
-            data = f.read()
-            f.seek(0)
-            f.write(b"[... log truncated ...]\n" + data)
-            f.truncate()
+def _capture(pipe, log_path: Path) -> None:
+    head_left = MAX_LOG_BYTES // 2
+    ring: collections.deque[bytes] = collections.deque()
+    ring_bytes = dropped = 0
+    with open(log_path, "wb") as log:
+        for chunk in iter(lambda: pipe.read1(65536), b""):
+            if head_left > 0:
+                log.write(chunk[:head_left])
+                log.flush()
+                chunk, head_left = chunk[head_left:], head_left - len(chunk[:head_left])
+            if chunk:
+                ring.append(chunk)
+                ring_bytes += len(chunk)
+                while ring_bytes - len(ring[0]) >= MAX_LOG_BYTES // 2:
+                    ring_bytes -= len(ring[0])
+                    dropped += len(ring.popleft())
+        if dropped:
+            log.write(f"\n[... {dropped} bytes of output dropped ...]\n".encode())
+        log.writelines(ring)
 
 
 def tail(path: Path, lines: int = 30) -> str:

@@ -1,0 +1,184 @@
+"""Hostile jobs: agent code that attacks the host from inside the training process.
+
+Each hostile env.py runs its attack at import inside the training job (TRL is imported
+there first; the probe never imports it), through a real worker. Every attack must be
+contained with a clear error in the job's result, and the same worker must then run a
+good job. The probe side of the same sandbox is covered in test_probe.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from ait.compute.run_job import run_job
+from ait.compute.worker import run_worker
+from ait.home import hidden_secret
+from ait.job.config import load_job_config
+from ait.job.types import FailReason, Job
+from ait.queue import JobQueue
+from ait.sandbox.detect import cached_capabilities
+from ait.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK = ROOT / "examples" / "tasks" / "calc_chain.json"
+REFERENCE = ROOT / "src" / "ait" / "policy" / "reference_jobs" / "calc_chain"
+
+pytestmark = pytest.mark.skipif(not cached_capabilities().active("landlock"), reason="needs Landlock on this kernel")
+
+
+def in_training(code: str) -> str:
+    """Run `code` at import only inside the training process."""
+    return "import sys\nif 'trl' in sys.modules:\n" + textwrap.indent(textwrap.dedent(code), "    ") + "\n"
+
+
+def make_job(root: Path, name: str, attack: str, budget: float = 120.0) -> Job:
+    spec = load_spec(TASK)
+    ws = root / name / "ws"
+    shutil.copytree(REFERENCE, ws)
+    (ws / "env.py").write_text(in_training(attack) + (REFERENCE / "env.py").read_text())
+    return Job(job_id=name, run_dir=str(root / name / "run"), workspace=str(ws), task_path=str(TASK),
+               config=load_job_config(ws / "job.toml", spec.constraints), time_budget_s=budget, kill_factor=1.0,
+               eval_size=4)
+
+
+@pytest.fixture(scope="module")
+def loopback_server():
+    """A TCP server on 127.0.0.1 that records every connection it accepts."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.2)
+    accepted, stop = [], threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+                accepted.append(conn)
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def attacks(port: int, root: Path) -> dict[str, tuple[str, str]]:
+    """name -> (attack code, text the contained error must show)."""
+    outside = root / "outside.txt"
+    other_job = root / "other-job" / "run" / "job"
+    other_job.mkdir(parents=True, exist_ok=True)
+    (other_job / "notes.txt").write_text("other job's private notes")
+    secret_path = Path(__import__("ait.home").home.ait_home()) / "hidden_secret"
+    return {
+        "net": (f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3)", "PermissionError"),
+        "raw_syscall": ("import ctypes\nfd = ctypes.CDLL(None, use_errno=True).syscall(41, 2, 1, 0)\n"
+                        "raise RuntimeError(f'raw socket fd={fd} errno={ctypes.get_errno()}')",
+                        "raw socket fd=-1 errno=1"),
+        "ptrace": ("import ctypes, os\nr = ctypes.CDLL(None, use_errno=True).ptrace(16, os.getppid(), 0, 0)\n"
+                   "raise RuntimeError(f'ptrace={r} errno={ctypes.get_errno()}')", "ptrace=-1 errno=1"),
+        "write_outside": (f"open({str(outside)!r}, 'w').write('escaped')", "PermissionError"),
+        "read_secret": (f"print(open({str(secret_path)!r}).read())", "PermissionError"),
+        "read_other_job": (f"print(open({str(other_job / 'notes.txt')!r}).read())", "PermissionError"),
+        "env_secret": ("import os\nraise RuntimeError('key=' + str(os.environ.get('OPENAI_API_KEY')))", "key=None"),
+        "kill_worker": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", "PermissionError"),
+        "escape_group": ("import os\nos.setsid()", "PermissionError"),
+        "fork_bomb": ("import os\nwhile True:\n    os.fork()", "BlockingIOError"),
+        "memory_bomb": ("x = b' ' * (64 * 2**30)", "MemoryError"),
+    }
+
+
+@pytest.mark.parametrize("name", ["net", "raw_syscall", "ptrace", "write_outside", "read_secret", "read_other_job",
+                                  "env_secret", "kill_worker", "escape_group", "fork_bomb", "memory_bomb"])
+def test_attacks_in_the_probe_are_contained(name, tmp_path, loopback_server, monkeypatch):
+    """The probe runs the same attacks at import (no TRL gate): each is refused with a clear error."""
+    from ait.probe.runner import probe_workspace
+
+    port, accepted = loopback_server
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-parent-secret-123")
+    code, needle = attacks(port, tmp_path)[name]
+    ws = tmp_path / "ws"
+    shutil.copytree(REFERENCE, ws)
+    (ws / "env.py").write_text(code + "\n" + (REFERENCE / "env.py").read_text())
+    report = probe_workspace(ws, load_spec(TASK), timeout_s=30)
+    assert not report.valid
+    message = " ".join(e.message for e in report.errors)
+    if name == "fork_bomb":  # the forked copies race to write the report: any clear refusal will do
+        needle = "BlockingIOError" if "BlockingIOError" in message else "report is missing or unreadable"
+    assert needle in message, message
+    assert not accepted and not (tmp_path / "outside.txt").exists()
+    assert "sk-parent-secret-123" not in message and hidden_secret() not in message
+
+
+def test_output_flood_and_sleep_are_cut_off(tmp_path):
+    from ait.probe.runner import probe_workspace
+
+    for code in ["while True:\n    print('x' * 100_000)", "import time\ntime.sleep(600)"]:
+        ws = tmp_path / f"ws{len(code)}"
+        shutil.copytree(REFERENCE, ws)
+        (ws / "env.py").write_text(code + "\n")
+        report = probe_workspace(ws, load_spec(TASK), timeout_s=4)
+        assert [e.check.value for e in report.errors] == ["timeout"] and report.seconds < 15
+
+
+def test_hostile_jobs_are_contained_and_the_worker_serves_the_next_job(tmp_path, loopback_server, monkeypatch):
+    port, accepted = loopback_server
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-parent-secret-123")
+    chosen = ["kill_worker", "fork_bomb", "memory_bomb", "net", "write_outside", "read_secret"]
+    table = attacks(port, tmp_path)
+    queue = JobQueue(tmp_path / "queue.sqlite", lease_s=30)
+    for name in chosen:
+        queue.enqueue(make_job(tmp_path, name, table[name][0]))
+    queue.enqueue(make_job(tmp_path, "flood", "while True:\n    print('x' * 100_000)", budget=25.0))
+    queue.enqueue(make_job(tmp_path, "good", "pass"))
+
+    assert run_worker(queue, once=True) == len(chosen) + 2
+    good = queue.result("good")
+    assert good.ok, good.error  # the worker survived every attack and still serves jobs
+    for name in chosen:
+        r = queue.result(name)
+        assert not r.ok and r.fail_reason is not None and table[name][1] in r.error, (name, r.error[-800:])
+    assert queue.result("memory_bomb").fail_reason is FailReason.oom
+    assert queue.result("flood").fail_reason is FailReason.timeout
+    flood_log = tmp_path / "flood" / "run" / "job" / "train.log"
+    assert flood_log.stat().st_size < 6_000_000 and b"bytes of output dropped" in flood_log.read_bytes()
+    assert not accepted and not (tmp_path / "outside.txt").exists()
+    blob = "\n".join(queue.result(n).error or "" for n in chosen)
+    assert hidden_secret() not in blob and "sk-parent-secret-123" not in blob
+
+
+def test_scorer_patch_and_pickle_checkpoint_do_not_reach_the_eval(tmp_path):
+    # Patching the family's scorer inside training changes nothing: the eval is another process.
+    patched = make_job(tmp_path, "patch", "import ait.families.calc_chain as cc\n"
+                                          "cc.CalcChain.score = lambda self, response, answer: 1.0")
+    result = run_job(patched)
+    assert result.ok and result.post == 0.0, result  # the random tiny model honestly scores 0
+
+    # Swap the checkpoint for a pickle that would leave a marker if anything unpickled it.
+    marker = tmp_path / "unpickled.marker"
+    swap = textwrap.dedent(f"""
+        import atexit, os, pickle
+        class Boom:
+            def __reduce__(self):
+                return (open, ({str(marker)!r}, 'w'))
+        def swap():
+            ckpt = os.path.join(os.getcwd(), 'checkpoint')
+            for f in os.listdir(ckpt):
+                if f.endswith('.safetensors'):
+                    os.remove(os.path.join(ckpt, f))
+            with open(os.path.join(ckpt, 'pytorch_model.bin'), 'wb') as fh:
+                pickle.dump(Boom(), fh)
+        atexit.register(swap)
+    """)
+    result = run_job(make_job(tmp_path, "pickle", swap))
+    assert not result.ok and "safetensors" in result.error
+    assert not marker.exists()
