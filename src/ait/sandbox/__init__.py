@@ -24,7 +24,8 @@ from pathlib import Path
 
 from ait.sandbox.types import Limits, SandboxPolicy
 
-__all__ = ["Limits", "RunOutcome", "SandboxPolicy", "SandboxUnavailable", "run_process", "run_untrusted"]
+__all__ = ["UNSAFE_ENV", "Limits", "RunOutcome", "SandboxPolicy", "SandboxUnavailable", "run_process",
+           "run_untrusted", "unsafe_allowed"]
 
 # Variables a child needs to run Python and find its libraries; everything else
 # (API keys, cloud credentials, tokens) is dropped.

@@ -1,0 +1,66 @@
+"""The sandbox seam: layer detection, refusal without isolation, the unsafe override."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from ait.cli import app
+from ait.sandbox import SandboxPolicy, SandboxUnavailable, run_untrusted
+from ait.sandbox import detect as detect_mod
+from ait.sandbox.seccomp import ARCH, build_filter
+from ait.sandbox.types import Capabilities, Layer
+
+
+def no_isolation() -> Capabilities:
+    return Capabilities(kernel="test", layers=[Layer(name="session", active=True, isolating=False, detail=""),
+                                               Layer(name="landlock", active=False, isolating=True, detail="off")])
+
+
+def test_doctor_reports_every_layer_as_json():
+    result = CliRunner().invoke(app, ["doctor", "--json"])
+    assert result.exit_code == 0, result.output
+    names = [layer["name"] for layer in json.loads(result.stdout)["layers"]]
+    assert names == ["session", "rlimits", "env", "landlock", "seccomp", "capabilities", "pids_cgroup", "namespaces"]
+
+
+def test_agent_code_is_refused_without_an_isolating_layer(tmp_path, monkeypatch):
+    monkeypatch.setattr(detect_mod, "cached_capabilities", lambda refresh=False: no_isolation())
+    monkeypatch.delenv("AIT_UNSAFE_NO_SANDBOX", raising=False)
+    policy = SandboxPolicy(write=[str(tmp_path)])
+    with pytest.raises(SandboxUnavailable, match="--unsafe-no-sandbox"):
+        run_untrusted(["-c", "print('hi')"], cwd=tmp_path, timeout_s=10, log_path=tmp_path / "log", policy=policy)
+    monkeypatch.setenv("AIT_UNSAFE_NO_SANDBOX", "1")
+    outcome = run_untrusted(["-c", "print('ran unconfined')"], cwd=tmp_path, timeout_s=30,
+                            log_path=tmp_path / "log", policy=policy)
+    assert outcome.returncode == 0 and "ran unconfined" in outcome.log_tail
+
+
+def test_unsafe_flag_on_the_command_line_sets_the_override(monkeypatch):
+    monkeypatch.delenv("AIT_UNSAFE_NO_SANDBOX", raising=False)
+    import os
+
+    CliRunner().invoke(app, ["--unsafe-no-sandbox", "doctor", "--json"])
+    assert os.environ.get("AIT_UNSAFE_NO_SANDBOX") == "1"
+    monkeypatch.delenv("AIT_UNSAFE_NO_SANDBOX")
+
+
+@pytest.mark.parametrize("machine", sorted(ARCH))
+def test_seccomp_program_is_well_formed(machine):
+    prog = build_filter(machine)
+    assert len(prog) % 8 == 0 and 0 < len(prog) // 8 < 4096  # classic BPF: 8-byte instructions, bounded length
+
+
+def test_sandboxed_run_cannot_write_outside_its_directory(tmp_path):
+    if not detect_mod.cached_capabilities().active("landlock"):
+        pytest.skip("needs Landlock")
+    inside, outside = tmp_path / "inside", tmp_path / "outside.txt"
+    inside.mkdir()
+    code = (f"open({str(inside / 'ok.txt')!r}, 'w').write('ok')\n"
+            f"open({str(outside)!r}, 'w').write('escaped')")
+    outcome = run_untrusted(["-c", code], cwd=inside, timeout_s=30, log_path=tmp_path / "log",
+                            policy=SandboxPolicy(write=[str(inside)]))
+    assert (inside / "ok.txt").read_text() == "ok"
+    assert not outside.exists() and "PermissionError" in outcome.log_tail
