@@ -29,10 +29,10 @@ from ait.train.tiny import tiny_model_path
 ROOT = Path(__file__).resolve().parents[1]
 TASK = ROOT / "examples" / "tasks" / "calc_chain.json"
 REFERENCE = ROOT / "src" / "ait" / "policy" / "reference_jobs" / "calc_chain"
-# Code that runs only inside the training process: TRL is imported there before env.py,
-# never in the probe, so these jobs pass validation and then die while training.
-CRASH_IN_TRAINING = 'import sys\nif "trl" in sys.modules:\n    raise RuntimeError("deliberate crash in training")\n'
-SLEEP_IN_TRAINING = 'import sys, time\nif "trl" in sys.modules:\n    time.sleep(600)\n'
+# Code that runs only inside the training process: TRL's GRPO trainer is imported there before
+# env.py, never in the probe, so these jobs pass validation and then die while training.
+CRASH_IN_TRAINING = 'import sys\nif "trl.trainer.grpo_trainer" in sys.modules:\n    raise RuntimeError("deliberate crash in training")\n'
+SLEEP_IN_TRAINING = 'import sys, time\nif "trl.trainer.grpo_trainer" in sys.modules:\n    time.sleep(600)\n'
 
 
 @pytest.fixture

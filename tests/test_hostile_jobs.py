@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(not cached_capabilities().active("landlock"), re
 
 def in_training(code: str) -> str:
     """Run `code` at import only inside the training process."""
-    return "import sys\nif 'trl' in sys.modules:\n" + textwrap.indent(textwrap.dedent(code), "    ") + "\n"
+    return "import sys\nif 'trl.trainer.grpo_trainer' in sys.modules:\n" + textwrap.indent(textwrap.dedent(code), "    ") + "\n"
 
 
 def make_job(root: Path, name: str, attack: str, budget: float = 120.0) -> Job:
@@ -78,6 +78,7 @@ def attacks(port: int, root: Path) -> dict[str, tuple[str, str]]:
     other_job = root / "other-job" / "run" / "job"
     other_job.mkdir(parents=True, exist_ok=True)
     (other_job / "notes.txt").write_text("other job's private notes")
+    hidden_secret()  # make sure the file exists: the attack must meet a refusal, not a missing file
     secret_path = Path(__import__("ait.home").home.ait_home()) / "hidden_secret"
     return {
         "net": (f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3)", "PermissionError"),

@@ -586,7 +586,7 @@ def test_forged_unknown_tool_name_does_not_crash_the_parent(probe_home, probe_sp
 def test_fifo_at_observations_path_does_not_hang_the_parent(tmp_path: Path) -> None:
     ws = build_workspace(tmp_path / "ws", env="import os, sys\nos.mkfifo(sys.argv[3])\nos._exit(0)\n")
     try:
-        proc = probe_in_subprocess(ws, tmp_path, timeout_s=8)
+        proc = probe_in_subprocess(ws, tmp_path, timeout_s=60)
     except subprocess.TimeoutExpired:
         pytest.fail("the trusted parent hung reading a FIFO planted at the observations path")
     report = ProbeReport.model_validate_json(proc.stdout)

@@ -34,12 +34,14 @@ def prepare_tokenizer(tokenizer):
     return tokenizer
 
 
-def parse_reply(tokenizer, ids: list[int], text: str) -> tuple[str, list[ToolCall]]:
-    """(content, tool calls) of one generated reply; unparseable replies are plain text."""
+def parse_reply(tokenizer, ids: list[int], text: str, prefix: list[int]) -> tuple[str, list[ToolCall]]:
+    """(content, tool calls) of one generated reply; unparseable replies are plain text.
+    `prefix` is the rendered prompt's token ids: the response template needs it to find
+    where the assistant turn starts (without it, tool calls come back as plain text)."""
     try:
         from trl.chat_template_utils import parse_response
 
-        parsed = parse_response(tokenizer, ids)
+        parsed = parse_response(tokenizer, ids, prefix=prefix)
     except Exception:
         return text, []
     calls = []
@@ -57,16 +59,19 @@ def parse_reply(tokenizer, ids: list[int], text: str) -> tuple[str, list[ToolCal
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
+def generate(model, tokenizer, prompts: list[str], max_new_tokens: int) -> list[tuple[list[int], list[int]]]:
+    """Greedy, batched; returns (prompt ids without padding, reply ids) per prompt."""
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
     out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None,
                          top_k=None, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    replies = []
-    for row in out[:, enc["input_ids"].shape[1]:].tolist():
+    pairs = []
+    width = enc["input_ids"].shape[1]
+    for prompt_row, mask_row, row in zip(enc["input_ids"].tolist(), enc["attention_mask"].tolist(),
+                                         out[:, width:].tolist()):
         while row and row[-1] == tokenizer.pad_token_id:
             row.pop()
-        replies.append(row)
-    return replies
+        pairs.append(([t for t, m in zip(prompt_row, mask_row) if m], row))
+    return pairs
 
 
 def run_conversations(model, tokenizer, family: Family, fmt: EvalFormat, examples: list[Example],
@@ -85,9 +90,9 @@ def run_conversations(model, tokenizer, family: Family, fmt: EvalFormat, example
             batch = active[start:start + batch_size]
             prompts = [tokenizer.apply_chat_template(convs[i], tools=tool_fns or None, tokenize=False,
                                                      add_generation_prompt=True) for i in batch]
-            for i, ids in zip(batch, generate(model, tokenizer, prompts, fmt.max_new_tokens)):
+            for i, (prompt_ids, ids) in zip(batch, generate(model, tokenizer, prompts, fmt.max_new_tokens)):
                 text = tokenizer.decode(ids, skip_special_tokens=True)
-                content, calls = parse_reply(tokenizer, ids, text)
+                content, calls = parse_reply(tokenizer, ids, text, prompt_ids)
                 msg: dict[str, Any] = {"role": "assistant", "content": content}
                 if calls:
                     msg["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}

@@ -26,6 +26,8 @@ def verdict(obs: Observations, spec: TaskSpec, dataset_size: int) -> list[ProbeE
     check_tools(obs, spec, add)
     check_dataset(obs, spec, dataset_size, add)
     check_rewards(obs, add)
+    if obs.dry_run_error and not errors:  # only news when everything else passed
+        add(ProbeCheck.dry_run, f"dry-run rollout with the tiny model: {obs.dry_run_error}")
     return errors[:MAX_ERRORS]
 
 

@@ -146,6 +146,11 @@ def observe(workspace: Path, req: ProbeRequest) -> Observations:
     observe_tools(surface, req, rows[0].get("info") or {} if rows else {}, obs, env_path)
     if rows:
         observe_rewards(surface, rows, obs, env_path)
+    if rows and req.dry_run_model:
+        from ait.probe.dry_run import dry_run
+
+        result = dry_run(surface, rows, req.dry_run_model, env_path)
+        obs.dry_run_error, obs.dry_run_sample = short(result["error"]) if result["error"] else None, result["sample"]
     return obs
 
 

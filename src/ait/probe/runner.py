@@ -7,6 +7,7 @@ computed here by `ait.probe.checks`, so agent code cannot write its own verdict.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import stat
@@ -17,11 +18,15 @@ from pathlib import Path
 from ait.job.config import JobConfigError, load_job_config
 from ait.probe.checks import verdict
 from ait.probe.types import Observations, ProbeCheck, ProbeError, ProbeReport, ProbeRequest
-from ait.sandbox import Limits, SandboxPolicy, run_untrusted
+from ait.sandbox import Limits, SandboxPolicy, run_untrusted, scrubbed_env
+from ait.sandbox.zygote import Zygote
 from ait.spec import TaskSpec
+from ait.train.tiny import tiny_model_path
 
 DEFAULT_TIMEOUT_S = 60.0
 MAX_OBSERVATIONS_BYTES = 2_000_000
+PROBE_PRELOAD = ["ait.probe.child", "ait.probe.dry_run", "ait.evals.rollout", "transformers.utils",
+                 "transformers.models.qwen3.modeling_qwen3", "trl.chat_template_utils"]
 PROBE_LIMITS = Limits(cpu_s=300, file_bytes=256 * 2**20, processes=64, address_space_bytes=8 * 2**30)
 
 
@@ -38,7 +43,18 @@ def read_regular_file(path: Path, limit: int) -> bytes:
         os.close(fd)
 
 
-def probe_workspace(workspace: str | Path, spec: TaskSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -> ProbeReport:
+@functools.cache
+def probe_zygote() -> Zygote | None:
+    """One warm interpreter per process with the probe's heavy imports and the tiny model's
+    code paths loaded; AIT_PROBE_ZYGOTE=0 turns it off (every probe starts cold)."""
+    if os.environ.get("AIT_PROBE_ZYGOTE", "1") == "0":
+        return None
+    home = Path(tempfile.mkdtemp(prefix="ait-zygote-"))
+    return Zygote(PROBE_PRELOAD, env=scrubbed_env(home, {"AIT_ZYGOTE_TINY": str(tiny_model_path())}))
+
+
+def probe_workspace(workspace: str | Path, spec: TaskSpec, timeout_s: float = DEFAULT_TIMEOUT_S,
+                    dry_run: bool = True) -> ProbeReport:
     workspace = Path(workspace).resolve()
     start = time.monotonic()
     errors: list[ProbeError] = []
@@ -50,8 +66,9 @@ def probe_workspace(workspace: str | Path, spec: TaskSpec, timeout_s: float = DE
     # With a broken job.toml, still exercise env.py so the agent sees every problem at once.
     size = config.train.dataset_size if config else max(spec.constraints.min_dataset_rows, 64)
     seed = config.train.seed if config else 0
-    obs_or_error = run_child(workspace, ProbeRequest(tools=spec.eval_format.tools, dataset_size=size, seed=seed),
-                             timeout_s)
+    request = ProbeRequest(tools=spec.eval_format.tools, dataset_size=size, seed=seed,
+                           dry_run_model=str(tiny_model_path()) if dry_run else None)
+    obs_or_error = run_child(workspace, request, timeout_s)
     if isinstance(obs_or_error, ProbeError):
         errors.append(obs_or_error)
         obs = None
@@ -69,13 +86,13 @@ def run_child(workspace: Path, req: ProbeRequest, timeout_s: float) -> Observati
         req_path, obs_path = scratch / "request.json", scratch / "observations.json"
         req_path.write_text(req.model_dump_json())
         # The child may read the workspace and write only its scratch directory.
-        policy = SandboxPolicy(read=[str(workspace), str(req_path)], write=[str(scratch / "run")],
-                               limits=PROBE_LIMITS)
+        read = [str(workspace), str(req_path)] + ([req.dry_run_model] if req.dry_run_model else [])
+        policy = SandboxPolicy(read=read, write=[str(scratch / "run")], limits=PROBE_LIMITS)
         (scratch / "run").mkdir()
         obs_path = scratch / "run" / "observations.json"
         outcome = run_untrusted(["-m", "ait.probe.child", str(workspace), str(req_path), str(obs_path)],
                                 cwd=scratch / "run", timeout_s=timeout_s, log_path=scratch / "probe.log",
-                                policy=policy)
+                                policy=policy, zygote=probe_zygote())
         if outcome.timed_out:
             return ProbeError(check=ProbeCheck.timeout, message=f"the probe did not finish within {timeout_s:.0f}s: "
                               "env.py's import, build_dataset, tools or rewards are too slow or never return")

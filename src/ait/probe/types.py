@@ -20,6 +20,7 @@ class ProbeCheck(str, Enum):
     tool_call = "tool_call"    # a tool raised or returned a non-text value on a valid call
     dataset = "dataset"        # rows malformed, too few, duplicated, or builder raised
     reward = "reward"          # reward raised, returned a non-float / out of [0, 1], or is constant
+    dry_run = "dry_run"        # a rollout with the tiny model through the agent's env failed
     timeout = "timeout"        # the probe ran past its time limit
     crash = "crash"            # the probe process died (memory, signal, exit from agent code)
 
@@ -58,6 +59,8 @@ class ProbeRequest(BaseModel):
     """n for build_dataset (job.toml's train.dataset_size)."""
     seed: int
     """seed for build_dataset (job.toml's train.seed)."""
+    dry_run_model: str | None = None
+    """Directory of the tiny model for the dry-run rollout (None skips it)."""
 
 
 class ToolObservation(BaseModel):
@@ -101,3 +104,7 @@ class Observations(BaseModel):
     dataset_malformed: list[str] = Field(default_factory=list)
     dataset_samples: list[dict[str, str]] = Field(default_factory=list)
     rewards: list[RewardObservation] = Field(default_factory=list)
+    dry_run_error: str | None = None
+    """What failed in the dry-run rollout with the tiny model."""
+    dry_run_sample: str | None = None
+    """The tiny model's first reply in the dry run (shortened)."""

@@ -2,7 +2,7 @@
 
 Layers, strongest available first, detected at run time (`ait doctor` lists them):
 a new session and process group killed as a group on timeout, with a parent-death
-signal; rlimits; a scrubbed environment with a private HOME and TMPDIR; a pids cgroup;
+signal; rlimits; a scrubbed environment with a private HOME and TMPDIR; per-run cgroups (pids.max, and cgroup.kill to end every process a run made);
 all capabilities dropped when running as root; Landlock (reads from an allow-list,
 writes only in the run's directory, no TCP, no signals outside); seccomp (no network
 sockets, ptrace, mount, namespaces, bpf, keyctl). The layers are applied in the child
@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ait.sandbox import cgroup
 from ait.sandbox.types import Limits, SandboxPolicy
 
 __all__ = ["UNSAFE_ENV", "Limits", "RunOutcome", "SandboxPolicy", "SandboxUnavailable", "run_process",
@@ -33,7 +34,6 @@ KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "VIRTUAL_ENV", "CUDA_V
             "OMP_NUM_THREADS", "PYTORCH_CUDA_ALLOC_CONF")
 UNSAFE_ENV = "AIT_UNSAFE_NO_SANDBOX"
 MAX_LOG_BYTES = 5_000_000
-PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
 
 
 @dataclass
@@ -70,39 +70,6 @@ def unsafe_allowed() -> bool:
     return os.environ.get(UNSAFE_ENV) == "1"
 
 
-def make_pids_cgroup(max_pids: int) -> Path | None:
-    base = PIDS_CGROUP / "ait"
-    try:
-        base.mkdir(exist_ok=True)
-        path = base / f"run-{os.getpid()}-{time.monotonic_ns()}"
-        path.mkdir()
-        (path / "pids.max").write_text(str(max_pids))
-        return path
-    except OSError:
-        return None  # not delegated after all: fall back to RLIMIT_NPROC
-
-
-def remove_cgroup(path: Path) -> None:
-    """Kill whatever is still in the run's cgroup (even processes that escaped the group), then remove it."""
-    for _ in range(50):
-        try:
-            pids = [int(p) for p in (path / "cgroup.procs").read_text().split()]
-        except OSError:
-            return
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.02)
-    try:
-        path.rmdir()
-    except OSError:
-        pass
-
-
 def count_user_processes() -> int:
     uid = os.getuid()
     count = 0
@@ -117,16 +84,22 @@ def count_user_processes() -> int:
 
 
 def kill_group(proc: subprocess.Popen) -> None:
+    kill_group_pid(proc.pid)
+
+
+def kill_group_pid(pid: int) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
 
 
 def run_untrusted(args: list[str], *, cwd: str | Path, timeout_s: float, log_path: str | Path,
-                  policy: SandboxPolicy, env: dict[str, str] | None = None) -> RunOutcome:
+                  policy: SandboxPolicy, env: dict[str, str] | None = None, zygote=None) -> RunOutcome:
     """Run agent code: `python args...` inside every layer this host supports.
-    `policy.write[0]` is the run's private directory (HOME, TMPDIR and caches go there)."""
+    `policy.write[0]` is the run's private directory (HOME, TMPDIR and caches go there).
+    With a `zygote` (see ait.sandbox.zygote) and `args` of the form ["-m", module, ...], the
+    child is forked from a warm interpreter instead of started cold; the layers are the same."""
     from ait.sandbox.detect import cached_capabilities
     from ait.sandbox.launch import LaunchPlan
 
@@ -136,16 +109,25 @@ def run_untrusted(args: list[str], *, cwd: str | Path, timeout_s: float, log_pat
             "no isolating sandbox layer (Landlock, seccomp, namespaces) works on this host, so agent code is not "
             "run; see `ait doctor`, or pass --unsafe-no-sandbox to run it anyway (recorded in the run's manifest)")
     layers = [layer.name for layer in capabilities.layers if layer.active]
-    cgroup = make_pids_cgroup(policy.limits.processes) if "pids_cgroup" in layers else None
-    nproc = None if cgroup else count_user_processes() + policy.limits.processes
-    plan = LaunchPlan(policy=policy, layers=layers, cgroup=str(cgroup) if cgroup else None, nproc_limit=nproc,
-                      args=args)
+    groups = cgroup.create(policy.limits.processes) if "cgroups" in layers else []
+    has_pids_max = any(Path(g, "pids.max").exists() for g in groups)
+    nproc = None if has_pids_max else count_user_processes() + policy.limits.processes
+    plan = LaunchPlan(policy=policy, layers=layers, cgroups=groups, nproc_limit=nproc, args=args)
+    child_env = scrubbed_env(Path(policy.write[0]), env)
     try:
+        if zygote is not None and args[:1] == ["-m"]:
+            from ait.sandbox.zygote import ZygoteError
+
+            try:
+                reply = zygote.run(plan, args[1], args[2:], cwd=str(cwd), env=child_env, log_path=str(log_path),
+                                   timeout_s=timeout_s)
+                return RunOutcome(reply["returncode"], reply["timed_out"], reply["seconds"], tail(Path(log_path)))
+            except ZygoteError:
+                pass  # fall back to a cold start below
         return run_process(["-m", "ait.sandbox.launch", plan.model_dump_json()], cwd=cwd, timeout_s=timeout_s,
-                           log_path=log_path, env=scrubbed_env(Path(policy.write[0]), env))
+                           log_path=log_path, env=child_env)
     finally:
-        if cgroup:
-            remove_cgroup(cgroup)
+        cgroup.destroy(groups)
 
 
 def run_process(args: list[str], *, cwd: str | Path, timeout_s: float, log_path: str | Path,

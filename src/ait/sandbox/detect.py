@@ -11,11 +11,12 @@ import platform
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
+from ait.sandbox import cgroup
 from ait.sandbox.types import Capabilities, Layer
 
-PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
+DETECTOR_VERSION = 2  # bump when layers change, so cached detections are redone
+
 
 
 def _try_in_child() -> dict[str, str]:
@@ -38,10 +39,6 @@ def _try_in_child() -> dict[str, str]:
     return out
 
 
-def pids_cgroup_writable() -> bool:
-    return PIDS_CGROUP.is_dir() and os.access(PIDS_CGROUP, os.W_OK) and (PIDS_CGROUP / "cgroup.procs").exists()
-
-
 def detect() -> Capabilities:
     proc = subprocess.run([sys.executable, "-m", "ait.sandbox.detect", "--child"], capture_output=True, text=True,
                           timeout=60)
@@ -53,6 +50,7 @@ def detect() -> Capabilities:
     landlock_ok = abi_detail.startswith("ABI ")
     abi = int(abi_detail.split()[1]) if landlock_ok else 0
     root = os.geteuid() == 0
+    groups = cgroup.available()
     layers = [
         Layer(name="session", active=True, isolating=False,
               detail="own session and process group, killed as a group on timeout; parent-death signal"),
@@ -69,13 +67,14 @@ def detect() -> Capabilities:
         Layer(name="capabilities", active=root and tried.get("capabilities") == "ok", isolating=True,
               detail="running as root: every capability dropped before agent code runs" if root
               else "not root: nothing to drop"),
-        Layer(name="pids_cgroup", active=pids_cgroup_writable(), isolating=False,
-              detail=f"{PIDS_CGROUP}: a pids.max per run, and a handle to kill every process it made"
-              if pids_cgroup_writable() else f"{PIDS_CGROUP} not writable: RLIMIT_NPROC instead"),
+        Layer(name="cgroups", active=any(groups.values()), isolating=False,
+              detail=("per-run " + " and ".join(n for n, ok in (("pids.max (v1)", groups["pids_v1"]),
+                                                                  ("cgroup.kill (v2)", groups["v2_kill"])) if ok))
+              if any(groups.values()) else "no writable cgroup hierarchy: RLIMIT_NPROC and group kill instead"),
         Layer(name="namespaces", active=False, isolating=True,
               detail="bubblewrap not used: not installed" if not _which("bwrap") else "bubblewrap found but not wired in"),
     ]
-    return Capabilities(kernel=platform.release(), layers=layers)
+    return Capabilities(kernel=platform.release(), detector=DETECTOR_VERSION, layers=layers)
 
 
 def _which(name: str) -> str | None:
@@ -92,7 +91,7 @@ def cached_capabilities(refresh: bool = False) -> Capabilities:
     if not refresh and path.exists():
         try:
             caps = Capabilities.model_validate_json(path.read_text())
-            if caps.kernel == platform.release():
+            if caps.kernel == platform.release() and caps.detector == DETECTOR_VERSION:
                 return caps
         except ValueError:
             pass

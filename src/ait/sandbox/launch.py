@@ -34,8 +34,8 @@ class LaunchPlan(BaseModel):
     """What the run may touch."""
     layers: list[str]
     """Layers to apply (those detected active)."""
-    cgroup: str | None = None
-    """pids cgroup directory to join, created by the parent."""
+    cgroups: list[str] = Field(default_factory=list)
+    """cgroup directories to join, created by the parent."""
     nproc_limit: int | None = None
     """RLIMIT_NPROC to set when no pids cgroup is used."""
     args: list[str] = Field(default_factory=list)
@@ -71,8 +71,8 @@ def apply(plan: LaunchPlan) -> None:
     from ait.sandbox import caps, landlock, seccomp
 
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # die with the worker
-    if plan.cgroup:
-        Path(plan.cgroup, "cgroup.procs").write_text(str(os.getpid()))
+    for group in plan.cgroups:
+        Path(group, "cgroup.procs").write_text(str(os.getpid()))
     set_limits(plan)
     if "capabilities" in plan.layers:
         caps.drop_all()

@@ -33,7 +33,7 @@ class SandboxPolicy(BaseModel):
 
 class Layer(BaseModel):
     name: str
-    """Layer name (session, rlimits, env, landlock, seccomp, capabilities, pids_cgroup, namespaces)."""
+    """Layer name (session, rlimits, env, landlock, seccomp, capabilities, cgroups, namespaces)."""
     active: bool
     """Whether it is applied on this host."""
     isolating: bool
@@ -47,6 +47,8 @@ class Capabilities(BaseModel):
 
     kernel: str
     """uname release the detection ran on."""
+    detector: int = 0
+    """Version of the detection code; a cache from another version is detected again."""
     layers: list[Layer]
     """Every layer, active or not."""
 

@@ -1,0 +1,78 @@
+"""Per-run cgroups: a pids.max against fork bombs, and a way to kill everything a run made.
+
+cgroup v1's pids controller caps the run's processes; a cgroup v2 directory (the unified
+hierarchy) gives `cgroup.kill`, which kills every member atomically, even processes
+forking while they die. Either is used where it is writable; the launcher joins them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+PIDS_V1 = Path("/sys/fs/cgroup/pids")
+V2_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
+
+
+def v2_root() -> Path | None:
+    for root in V2_ROOTS:
+        if (root / "cgroup.procs").exists() and (root / "cgroup.subtree_control").exists() and os.access(root, os.W_OK):
+            return root
+    return None
+
+
+def available() -> dict[str, bool]:
+    return {"pids_v1": (PIDS_V1 / "cgroup.procs").exists() and os.access(PIDS_V1, os.W_OK),
+            "v2_kill": v2_root() is not None}
+
+
+def create(max_pids: int) -> list[str]:
+    """Make this run's cgroups; returns their directories (possibly none)."""
+    name = f"run-{os.getpid()}-{time.monotonic_ns()}"
+    made: list[str] = []
+    have = available()
+    roots = ([PIDS_V1] if have["pids_v1"] else []) + ([v2_root()] if have["v2_kill"] else [])
+    for root in roots:
+        try:
+            path = root / "ait" / name
+            path.mkdir(parents=True)
+            if (path / "pids.max").exists():
+                (path / "pids.max").write_text(str(max_pids))
+            made.append(str(path))
+        except OSError:
+            continue
+    return made
+
+
+def destroy(dirs: list[str], timeout_s: float = 15.0) -> None:
+    """Kill every process in the run's cgroups, then remove them."""
+    paths = [Path(d) for d in dirs]
+    for path in paths:
+        if (path / "cgroup.kill").exists():
+            try:
+                (path / "cgroup.kill").write_text("1")
+            except OSError:
+                pass
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = set()
+        for path in paths:
+            try:
+                pids.update(int(p) for p in (path / "cgroup.procs").read_text().split())
+            except OSError:
+                pass
+        if not pids:
+            break
+        for pid in pids:  # v1 fallback: pids.max bounds the refill, so repeated rounds converge
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)
+    for path in paths:
+        try:
+            path.rmdir()
+        except OSError:
+            pass

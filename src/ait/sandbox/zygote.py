@@ -1,0 +1,149 @@
+"""A warm interpreter that forks one sandboxed child per request (a "zygote").
+
+Probes are short, but a cold Python that imports torch and transformers spends seconds
+before running any agent code. The zygote imports them once; each request forks it, the
+child applies the same layers as `ait.sandbox.launch` (in-process instead of before an
+exec), runs the target module as __main__, and exits. Requests are served one at a time,
+so no other thread is running when the zygote forks.
+
+    parent --JSON line--> zygote --fork--> child (setsid, layers, runpy) --> exit code
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import importlib
+import json
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from ait.sandbox.launch import LaunchPlan, apply
+
+PR_SET_PDEATHSIG = 1
+
+
+class ZygoteError(RuntimeError):
+    """The zygote process is gone or answered nonsense; callers fall back to a cold start."""
+
+
+class Zygote:
+    """Parent-side handle: starts the zygote lazily and sends it one request at a time."""
+
+    def __init__(self, preload: list[str], env: dict[str, str]):
+        self.preload, self.env = preload, env
+        self.proc: subprocess.Popen | None = None
+        self.lock = threading.Lock()
+        atexit.register(self.close)
+
+    def _start(self) -> subprocess.Popen:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen([sys.executable, "-m", "ait.sandbox.zygote", *self.preload],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env, text=True,
+                                         start_new_session=True)
+        return self.proc
+
+    def run(self, plan: LaunchPlan, module: str, argv: list[str], *, cwd: str, env: dict[str, str],
+            log_path: str, timeout_s: float) -> dict:
+        """Fork a child that runs `python -m module argv...` under `plan`; returns
+        {"returncode", "timed_out", "seconds"}. Raises ZygoteError if the zygote failed."""
+        request = {"plan": plan.model_dump(), "module": module, "argv": argv, "cwd": cwd, "env": env,
+                   "log_path": log_path, "timeout_s": timeout_s}
+        with self.lock:
+            proc = self._start()
+            try:
+                proc.stdin.write(json.dumps(request) + "\n")
+                proc.stdin.flush()
+                line = proc.stdout.readline()
+                return json.loads(line)
+            except (OSError, ValueError) as e:
+                self.close()
+                raise ZygoteError(f"zygote failed: {e}") from None
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+
+def _child(req: dict, write_fd: int) -> None:
+    """In the forked child: detach, wire output, apply the layers, run the module. Never returns."""
+    code = 1
+    try:
+        os.setsid()
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(write_fd, 1)
+        os.dup2(write_fd, 2)
+        os.closerange(3, 65536)  # the zygote's request pipes must not reach agent code
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        apply(LaunchPlan.model_validate(req["plan"]))
+        sys.argv = [req["module"], *req["argv"]]
+        runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _serve_one(req: dict) -> dict:
+    from ait.sandbox import _capture, kill_group_pid
+
+    read_fd, write_fd = os.pipe()
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        _child(req, write_fd)
+    os.close(write_fd)
+    reader = threading.Thread(target=_capture, args=(os.fdopen(read_fd, "rb"), Path(req["log_path"])), daemon=True)
+    reader.start()
+    deadline, status, timed_out = start + req["timeout_s"], None, False
+    while status is None:
+        done, raw = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = raw
+        elif time.monotonic() > deadline:
+            timed_out = True
+            kill_group_pid(pid)
+            _, status = os.waitpid(pid, 0)
+        else:
+            time.sleep(0.005)
+    kill_group_pid(pid)  # whatever the child left running in its group
+    reader.join(timeout=10)
+    return {"returncode": None if timed_out else os.waitstatus_to_exitcode(status), "timed_out": timed_out,
+            "seconds": time.monotonic() - start}
+
+
+def main(preload: list[str]) -> None:
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # die with the harness
+    for name in preload:
+        module = importlib.import_module(name)
+        if hasattr(module, "zygote_warmup"):
+            module.zygote_warmup()
+    for line in sys.stdin:
+        reply = _serve_one(json.loads(line))
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

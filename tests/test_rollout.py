@@ -1,0 +1,54 @@
+"""The hidden eval's rollout loop: tool calls are parsed, executed with the family's tools, and fed back."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from transformers import AutoTokenizer
+
+from ait.evals.rollout import final_response, parse_reply, prepare_tokenizer, run_conversations
+from ait.families import get_family
+from ait.train.tiny import tiny_model_path
+
+
+def tokenizer():
+    return prepare_tokenizer(AutoTokenizer.from_pretrained(tiny_model_path()))
+
+
+def test_tool_calls_in_a_reply_are_parsed():
+    tok = tokenizer()
+    prompt = tok.apply_chat_template([{"role": "user", "content": "3*4?"}], tokenize=False, add_generation_prompt=True)
+    reply = '<tool_call>\n{"name": "calculator", "arguments": {"a": 3, "op": "*", "b": 4}}\n</tool_call><|im_end|>'
+    ids = tok(reply, add_special_tokens=False)["input_ids"]
+    content, calls = parse_reply(tok, ids, reply, tok(prompt, add_special_tokens=False)["input_ids"])
+    assert [(c.name, c.arguments) for c in calls] == [("calculator", {"a": 3, "op": "*", "b": 4})]
+
+
+class ScriptedModel:
+    """Stands in for a causal LM: emits the gold tool calls, then the answer, as token ids."""
+
+    def __init__(self, tok, replies):
+        self.tok, self.replies, self.device = tok, iter(replies), torch.device("cpu")
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, **kwargs):
+        rows = []
+        for _ in range(input_ids.shape[0]):
+            ids = self.tok(next(self.replies), add_special_tokens=False)["input_ids"]
+            rows.append(input_ids[0].tolist() + ids)
+        width = max(len(r) for r in rows)
+        return torch.tensor([r + [self.tok.pad_token_id] * (width - len(r)) for r in rows])
+
+
+def test_a_model_that_calls_the_tools_gets_full_marks():
+    family = get_family("calc_chain")
+    difficulty = family.difficulty()
+    example = family.example(random.Random(3), difficulty)
+    replies = [f'<tool_call>\n{{"name": "calculator", "arguments": {{"a": {c.arguments["a"]}, "op": "{c.arguments["op"]}", '
+               f'"b": {c.arguments["b"]}}}}}\n</tool_call><|im_end|>' for c in family.gold_trace(example)]
+    replies.append(f"Done.\nAnswer: {example.answer}<|im_end|>")
+    tok = tokenizer()
+    convs = run_conversations(ScriptedModel(tok, replies), tok, family, family.eval_format(difficulty), [example])
+    tool_results = [m["content"] for m in convs[0] if m["role"] == "tool"]
+    assert tool_results[-1] == example.answer  # the calculator really ran, step by step
+    assert family.score(final_response(convs[0]), example.answer) == 1.0
