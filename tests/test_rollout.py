@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import random
 
+import pytest
 import torch
 from transformers import AutoTokenizer
 
 from ait.evals.rollout import final_response, parse_reply, prepare_tokenizer, run_conversations
-from ait.families import get_family
+from ait.families import FAMILIES, get_family
 from ait.train.tiny import tiny_model_path
 
 
@@ -40,15 +42,21 @@ class ScriptedModel:
         return torch.tensor([r + [self.tok.pad_token_id] * (width - len(r)) for r in rows])
 
 
-def test_a_model_that_calls_the_tools_gets_full_marks():
-    family = get_family("calc_chain")
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_a_model_that_calls_the_tools_gets_full_marks(name):
+    """Every family, end to end through the eval's loop: gold tool calls as model output are
+    parsed, run on the example's world with the family's tools, and the answer scores 1."""
+    family = get_family(name)
     difficulty = family.difficulty()
-    example = family.example(random.Random(3), difficulty)
-    replies = [f'<tool_call>\n{{"name": "calculator", "arguments": {{"a": {c.arguments["a"]}, "op": "{c.arguments["op"]}", '
-               f'"b": {c.arguments["b"]}}}}}\n</tool_call><|im_end|>' for c in family.gold_trace(example)]
-    replies.append(f"Done.\nAnswer: {example.answer}<|im_end|>")
+    fmt = family.eval_format(difficulty)
     tok = tokenizer()
-    convs = run_conversations(ScriptedModel(tok, replies), tok, family, family.eval_format(difficulty), [example])
-    tool_results = [m["content"] for m in convs[0] if m["role"] == "tool"]
-    assert tool_results[-1] == example.answer  # the calculator really ran, step by step
-    assert family.score(final_response(convs[0]), example.answer) == 1.0
+    for seed in range(3):
+        example = family.example(random.Random(seed), difficulty)
+        trace = family.gold_trace(example)
+        assert len(trace) + 1 <= fmt.max_turns
+        replies = [f"<tool_call>\n{json.dumps({'name': c.name, 'arguments': c.arguments})}\n</tool_call><|im_end|>"
+                   for c in trace] + [f"Done.\nAnswer: {example.answer}<|im_end|>"]
+        convs = run_conversations(ScriptedModel(tok, replies), tok, family, fmt, [example])
+        tool_results = [m["content"] for m in convs[0] if m["role"] == "tool"]
+        assert len(tool_results) == len(trace) and not any(r.startswith("error:") for r in tool_results), tool_results
+        assert family.score(final_response(convs[0]), example.answer) == 1.0
