@@ -2,8 +2,9 @@
 
     python bench/probe_latency.py [--repeats 3]
 
-Prints per-family medians, the overall median (target: <= 1.5 s) and the sandbox's own
-overhead as the ratio of the two variants, measured in the same run (the machine is noisy).
+Prints per-family medians, the overall median (target: <= 1.5 s), the sandbox's own
+overhead as the ratio of two variants measured in the same run (the machine is noisy),
+and the cold-start latency without the warm zygote for comparison.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 
 from ait.families import FAMILIES
-from ait.probe.runner import probe_workspace
+from ait.probe.runner import probe_workspace, probe_zygote
 from ait.sandbox import detect
 from ait.sandbox.types import Capabilities
 from ait.spec import load_spec
@@ -62,15 +63,21 @@ def main() -> None:
     finally:
         detect.cached_capabilities = real
         os.environ.pop("AIT_UNSAFE_NO_SANDBOX")
-    print(f"{'family':<18}{'sandboxed s':>12}{'bare s':>10}")
+    os.environ["AIT_PROBE_ZYGOTE"] = "0"  # cold start: a fresh interpreter per probe
+    probe_zygote.cache_clear()
+    cold = measure(workspaces, 1)
+    print(f"{'family':<18}{'sandboxed s':>12}{'bare s':>10}{'cold s':>10}")
     for name in workspaces:
-        print(f"{name:<18}{statistics.median(sandboxed[name]):>12.3f}{statistics.median(bare[name]):>10.3f}")
+        print(f"{name:<18}{statistics.median(sandboxed[name]):>12.3f}{statistics.median(bare[name]):>10.3f}"
+              f"{statistics.median(cold[name]):>10.3f}")
     all_s = [t for ts in sandboxed.values() for t in ts]
     all_b = [t for ts in bare.values() for t in ts]
     med_s, med_b = statistics.median(all_s), statistics.median(all_b)
     print(f"\nprobe median (sandboxed): {med_s:.3f} s   target <= 1.5 s: {'met' if med_s <= 1.5 else 'NOT met'}")
     print(f"probe median (no isolating layers): {med_b:.3f} s")
     print(f"sandbox overhead: {med_s - med_b:+.3f} s per probe (ratio {med_s / med_b:.2f}x)")
+    med_c = statistics.median([t for ts in cold.values() for t in ts])
+    print(f"cold start without the zygote (sandboxed): {med_c:.3f} s ({med_c / med_s:.1f}x the warm probe)")
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -64,3 +64,32 @@ def test_sandboxed_run_cannot_write_outside_its_directory(tmp_path):
                             policy=SandboxPolicy(write=[str(inside)]))
     assert (inside / "ok.txt").read_text() == "ok"
     assert not outside.exists() and "PermissionError" in outcome.log_tail
+
+
+def test_episode_refuses_to_start_without_isolation_and_records_the_override(tmp_path, monkeypatch):
+    from ait.harness.episode import run_episode
+    from ait.harness.types import EpisodeConfig
+    from ait.spec import load_spec
+
+    monkeypatch.setattr(detect_mod, "cached_capabilities", lambda refresh=False: no_isolation())
+    monkeypatch.delenv("AIT_UNSAFE_NO_SANDBOX", raising=False)
+    spec_path = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "tasks" / "calc_chain.json"
+
+    class Silent:
+        name = "silent"
+
+        def reset(self, spec):
+            pass
+
+        def act(self, messages, tools):
+            from ait.harness.types import Message
+
+            return Message(role="assistant", content="nothing to do")
+
+    with pytest.raises(SandboxUnavailable):
+        run_episode(load_spec(spec_path), spec_path, Silent(), EpisodeConfig(max_nudges=0), runs_dir=tmp_path)
+    assert not any(tmp_path.iterdir())  # nothing was started
+    monkeypatch.setenv("AIT_UNSAFE_NO_SANDBOX", "1")
+    result = run_episode(load_spec(spec_path), spec_path, Silent(), EpisodeConfig(max_nudges=0), runs_dir=tmp_path)
+    manifest = json.loads((__import__("pathlib").Path(result.run_dir) / "manifest.json").read_text())
+    assert manifest["sandbox"]["unsafe_no_sandbox"] is True

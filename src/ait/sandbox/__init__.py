@@ -26,7 +26,7 @@ from ait.sandbox import cgroup
 from ait.sandbox.types import Limits, SandboxPolicy
 
 __all__ = ["UNSAFE_ENV", "Limits", "RunOutcome", "SandboxPolicy", "SandboxUnavailable", "run_process",
-           "run_untrusted", "unsafe_allowed"]
+           "require_isolation", "run_untrusted", "unsafe_allowed"]
 
 # Variables a child needs to run Python and find its libraries; everything else
 # (API keys, cloud credentials, tokens) is dropped.
@@ -70,6 +70,22 @@ def unsafe_allowed() -> bool:
     return os.environ.get(UNSAFE_ENV) == "1"
 
 
+NO_ISOLATION = ("no isolating sandbox layer (Landlock, seccomp, namespaces) works on this host, so agent code is "
+                "not run; see `ait doctor`, or pass --unsafe-no-sandbox to run it anyway (recorded in the run's "
+                "manifest)")
+
+
+def require_isolation() -> dict:
+    """Fail fast before an episode or a worker starts; returns what the manifest records."""
+    from ait.sandbox.detect import cached_capabilities
+
+    caps = cached_capabilities()
+    if not caps.isolating and not unsafe_allowed():
+        raise SandboxUnavailable(NO_ISOLATION)
+    return {"layers": [layer.name for layer in caps.layers if layer.active], "kernel": caps.kernel,
+            "unsafe_no_sandbox": unsafe_allowed()}
+
+
 def count_user_processes() -> int:
     uid = os.getuid()
     count = 0
@@ -105,9 +121,7 @@ def run_untrusted(args: list[str], *, cwd: str | Path, timeout_s: float, log_pat
 
     capabilities = cached_capabilities()
     if not capabilities.isolating and not unsafe_allowed():
-        raise SandboxUnavailable(
-            "no isolating sandbox layer (Landlock, seccomp, namespaces) works on this host, so agent code is not "
-            "run; see `ait doctor`, or pass --unsafe-no-sandbox to run it anyway (recorded in the run's manifest)")
+        raise SandboxUnavailable(NO_ISOLATION)
     layers = [layer.name for layer in capabilities.layers if layer.active]
     groups = cgroup.create(policy.limits.processes) if "cgroups" in layers else []
     has_pids_max = any(Path(g, "pids.max").exists() for g in groups)
