@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import sqlite3
+import time
 
 import pytest
 
@@ -229,3 +230,64 @@ def test_corrupt_or_foreign_file_gives_clear_error(tmp_path):
     conn.close()
     with pytest.raises(QueueError, match="foreign.db is not an ait queue database"):
         JobQueue(foreign)
+
+
+def test_enqueue_many_is_one_batch_and_idempotent(q):
+    assert q.enqueue(make_job(1)) is True
+    assert q.enqueue_many([make_job(i) for i in range(4)]) == 3  # j1 was already known
+    assert q.enqueue_many([]) == 0
+    assert [e.job_id for e in q.list()] == ["j1", "j0", "j2", "j3"]  # enqueue order, not id order
+    assert q.counts()["queued"] == 4
+
+
+def test_claim_takes_the_oldest_of_queued_and_expired_jobs(q, clock):
+    q.enqueue_many([make_job(i) for i in range(3)])
+    first = q.claim("w1")  # j0 running
+    clock.t += 11  # j0's lease expired; it is older than the queued j1 and j2
+    assert [q.claim("w2").job_id for _ in range(3)] == ["j0", "j1", "j2"]
+    assert q.get("j0").attempts == 2 and first.job_id == "j0"
+
+
+def test_idle_claim_does_not_wait_for_the_write_lock(q):
+    """An empty queue answers a poll with one read: a writer holding the lock (here for the
+    whole test) must not stall idle workers for the busy timeout."""
+    holder = sqlite3.connect(q.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        start = time.monotonic()
+        assert q.claim("w") is None
+        assert time.monotonic() - start < 1.0
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def _use_inherited_queue(q: JobQueue, out) -> None:
+    lease = q.claim("child")
+    out.put(None if lease is None else lease.job_id)
+
+
+def test_connections_are_per_thread_and_never_cross_fork(q):
+    import threading
+
+    q.enqueue_many([make_job(i) for i in range(3)])
+    assert q.list()  # the parent opens (and caches) its connection first
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(q.claim("thread").job_id))
+    thread.start()
+    thread.join()
+    if "fork" in mp.get_all_start_methods():
+        ctx = mp.get_context("fork")
+        out = ctx.Queue()
+        child = ctx.Process(target=_use_inherited_queue, args=(q, out))
+        child.start()
+        seen.append(out.get(timeout=30))
+        child.join(timeout=30)
+        assert child.exitcode == 0
+    seen.append(q.claim("parent").job_id)
+    assert sorted(seen) == [f"j{i}" for i in range(len(seen))]  # every claim got its own job
+
+
+def test_log_path_is_under_the_queue_dir_and_safe(q):
+    assert q.log_path("job-1") == q.path.parent / "logs" / "job-1.log"
+    assert q.log_path("../../etc/passwd").parent == q.path.parent / "logs"

@@ -12,7 +12,14 @@ from ait.cli.common import console, err, fail, load_task
 
 
 def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path or name."),
-            policy: str = typer.Option("reference", help="Agent policy: reference."),
+            policy: str = typer.Option("reference", help="Agent policy: reference[:N], openai:MODEL or "
+                                       "hf:PATH_OR_NAME (hf:tiny for the built-in tiny model)."),
+            base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint (OpenRouter, vLLM, ...)."),
+            temperature: Optional[float] = typer.Option(None, help="Sampling temperature of an LLM policy."),
+            max_jobs: Optional[int] = typer.Option(None, help="Jobs the agent may run, seeing dev scores between."),
+            budget_usd: Optional[float] = typer.Option(None, help="Stop the episode before it spends more (USD)."),
+            run_budget_usd: Optional[float] = typer.Option(None, help="Cap on the ledger's spend for --run-group."),
+            run_group: Optional[str] = typer.Option(None, help="Tag for ledger lines; scopes --run-budget-usd."),
             executor: Optional[str] = typer.Option(None, help="inline (default), queue (needs `ait worker`), local or ray."),
             ray_address: Optional[str] = typer.Option(None, help="Ray cluster address (with --executor ray)."),
             config: Optional[Path] = typer.Option(None, help="EpisodeConfig TOML."),
@@ -23,18 +30,28 @@ def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from ait.configs import ConfigError, load_config
+    from ait.compute.executors import make_executor
     from ait.harness.episode import run_episode
+    from ait.sandbox import SandboxUnavailable, require_isolation
     from ait.harness.types import EpisodeConfig
+    from ait.metering import load_prices
     from ait.policy.base import make_policy
 
     spec, path = load_task(task)
     try:
         cfg = load_config(config, EpisodeConfig) if config else EpisodeConfig()
-        overrides = {k: v for k, v in {"executor": executor, "eval_size": eval_size,
-                                       "ray_address": ray_address}.items() if v is not None}
+        overrides = {k: v for k, v in {"executor": executor, "eval_size": eval_size, "ray_address": ray_address,
+                                       "max_jobs": max_jobs, "budget_usd": budget_usd, "run_group": run_group,
+                                       "run_budget_usd": run_budget_usd}.items() if v is not None}
         cfg = EpisodeConfig.model_validate({**cfg.model_dump(), **overrides})
-        agent = make_policy(policy)
-    except (ConfigError, ValueError) as e:
+        load_prices(cfg.prices_path)  # a broken price file fails here, not mid-episode
+        agent = make_policy(policy, base_url=base_url, temperature=temperature)
+        make_executor(cfg)  # fail now, not mid-episode, if the executor cannot start (e.g. Ray missing)
+    except (ConfigError, ValueError, RuntimeError) as e:
+        fail(str(e))
+    try:
+        require_isolation()
+    except SandboxUnavailable as e:
         fail(str(e))
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
                   transient=True, disable=as_json) as progress:
@@ -63,7 +80,22 @@ def print_episode(result) -> None:
         status = "ok" if job.ok else f"failed: {job.fail_reason.value}"
         table.add_row("job", f"{status}, base model {job.base_model}, train {job.train_seconds or 0:.1f}s, "
                       f"total {job.total_seconds or 0:.1f}s")
-    table.add_row("stop reason", f"{result.stop_reason.value} after {result.turns} turns")
+    if len(result.jobs) > 1:
+        for i, rec in enumerate(result.jobs):
+            dev = "-" if rec.dev is None else f"{rec.dev:.4f}"
+            post = "-" if rec.result.post is None else f"{rec.result.post:.4f}"
+            kept = "  [bold](scored)[/]" if i == result.best_job else ""
+            table.add_row(f"  job {i + 1}", f"attempt {rec.attempt}: dev {dev}  hidden post {post}{kept}")
+    c = result.cost
+    table.add_row("tokens", f"{c.prompt_tokens:,} prompt ({c.cached_tokens:,} cached), {c.completion_tokens:,} "
+                  f"completion in {c.llm_calls} calls")
+    unpriced = f", {c.unpriced_calls} unpriced" if c.unpriced_calls else ""
+    table.add_row("[bold]cost[/]", f"[bold]${c.total_usd:.4f}[/]  (LLM ${c.llm_usd:.4f}{unpriced}; jobs "
+                  f"${c.job_usd:.4f}: {c.gpu_seconds:.0f} GPU-s, {c.cpu_seconds:.0f} CPU-s)")
+    if result.malformed_tool_calls:
+        table.add_row("malformed tool calls", str(result.malformed_tool_calls))
+    stop = f"{result.stop_reason.value} after {result.turns} turns"
+    table.add_row("stop reason", stop + (f": {result.error}" if result.error else ""))
     table.add_row("wall time", f"{result.wall_seconds:.1f}s")
     table.add_row("run dir", result.run_dir)
     console.print(table)

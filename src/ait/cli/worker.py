@@ -1,28 +1,71 @@
-"""`ait worker`: serve jobs from the queue."""
+"""`ait worker`: serve jobs from the queue on local GPU/CPU slots or on a Ray cluster."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from ait.cli.common import console, err, fail
 
 
 def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite queue file."),
+           executor: str = typer.Option("local", help="local (slots on this machine) or ray (Ray tasks)."),
+           slots: int | None = typer.Option(None, help="Jobs at once (default: GPUs x jobs-per-gpu, 1 on CPU; "
+                                                           "ray: what the cluster fits)."),
+           gpus: str | None = typer.Option(None, help="GPU ids for the slots, e.g. 0,1 (none: CPU slots "
+                                                         "with CUDA_VISIBLE_DEVICES=''); all: every visible GPU. ray: any value asks Ray for GPUs."),
+           jobs_per_gpu: int = typer.Option(1, help="Jobs packed on one GPU."),
            once: bool = typer.Option(False, "--once", help="Drain the queued jobs, then exit."),
-           idle_exit: Optional[float] = typer.Option(None, help="Exit after this many idle seconds."),
-           lease: float = typer.Option(60.0, help="Lease length in seconds (heartbeats renew it).")) -> None:
-    """Serve jobs from the queue: train, evaluate, report results."""
-    from ait.compute.worker import run_worker
+           idle_exit: float | None = typer.Option(None, help="Exit after this many idle seconds."),
+           lease: float = typer.Option(60.0, help="Lease length in seconds (heartbeats renew it)."),
+           max_attempts: int = typer.Option(3, help="Attempts before a job whose workers keep dying is dead."),
+           drain_timeout: float | None = typer.Option(None, help="After SIGTERM, release still-running jobs "
+                                                                    "after this many seconds."),
+           poll: float = typer.Option(0.05, help="Seconds between polls of an idle queue."),
+           ray_address: str | None = typer.Option(None, help="Ray cluster to join (default: a private local Ray)."),
+           ) -> None:
+    """Serve jobs from the queue: train, evaluate, report results.
+
+    SIGTERM finishes the running jobs (no new ones); a second SIGTERM, or --drain-timeout,
+    hands them back to the queue."""
+    from ait.compute.local import LocalLauncher, detect_gpus, parse_gpus, slot_envs
+    from ait.compute.worker import WorkerEvent, WorkerOptions, WorkerStats, serve
     from ait.queue import JobQueue, QueueError
 
+    if executor not in ("local", "ray"):
+        fail(escape(f"--executor must be local or ray, not {executor!r}"))
     try:
-        q = JobQueue(queue, lease_s=lease)
-    except QueueError as e:
-        fail(str(e))
-    with err.status("waiting for jobs") as status:
-        n = run_worker(q, once=once, idle_exit_s=idle_exit,
-                       on_job=lambda jid: status.update(f"finished {jid}; waiting for jobs"))
-    console.print(f"worker ran {n} job(s); queue: {q.counts()}")
+        q = JobQueue(queue, lease_s=lease, max_attempts=max_attempts)
+        if executor == "ray":
+            from ait.compute.ray_executor import RayLauncher
+
+            launcher = RayLauncher(slots, use_gpus=bool(gpus), jobs_per_gpu=jobs_per_gpu, address=ray_address)
+        else:
+            gpu_ids = detect_gpus() if gpus == "all" else parse_gpus(gpus)
+            if gpus == "all" and not gpu_ids:
+                raise ValueError("--gpus all: no GPU is visible here (CUDA_VISIBLE_DEVICES or torch)")
+            launcher = LocalLauncher(slot_envs(slots, gpu_ids, jobs_per_gpu))
+    except (QueueError, ValueError, RuntimeError, ConnectionError) as e:
+        fail(escape(str(e)))  # escaped: "pip install 'ait[ray]'" is not rich markup
+    options = WorkerOptions(once=once, idle_exit_s=idle_exit, poll_s=poll, drain_timeout_s=drain_timeout)
+    err.print(f"worker on {q.path} ({launcher.describe()}); logs in {q.path.parent / 'logs'}", highlight=False)
+
+    def line(s: WorkerStats) -> str:
+        state = "stopping" if s.stopping else "serving"
+        return (f"{state}: {s.busy}/{s.slots} busy · done {s.done} · failed {s.failed} · "
+                f"rejected {s.rejected} · released {s.released}")
+
+    with err.status(line(WorkerStats(worker_id="", slots=len(launcher.slots)))) as status:
+        def on_event(event: WorkerEvent, stats: WorkerStats) -> None:
+            if event.kind != "claimed":
+                style = {"done": "green", "failed": "red", "rejected": "yellow"}.get(event.kind, "cyan")
+                err.print(f"[{style}]{event.kind:>8}[/] {escape(event.message)}")
+            status.update(line(stats))
+
+        stats = serve(q, launcher, options, on_event=on_event)
+    counts = " ".join(f"{k}={v}" for k, v in q.counts().items())
+    console.print(f"worker {stats.worker_id} ran {stats.done + stats.failed} job(s): done {stats.done}, "
+                  f"failed {stats.failed}, rejected {stats.rejected}, released {stats.released}; queue: {counts}",
+                  highlight=False)

@@ -2,6 +2,8 @@
 
     inline  run_job in this process's control (subprocesses for train and eval)
     queue   enqueue into the SQLite queue and wait; `ait worker` processes run it
+    local   run_job in a slot of this process's pool (one slot per visible GPU, or a CPU slot)
+    ray     run_job as a Ray task on EpisodeConfig.ray_address (or a private local Ray)
 """
 
 from __future__ import annotations
@@ -45,4 +47,13 @@ class QueueExecutor:
 def make_executor(config: EpisodeConfig) -> Executor:
     if config.executor == "queue":
         return QueueExecutor(config.queue_path, config.job_wait_s)
+    if config.executor == "local":
+        from ait.compute.local import shared_local_executor
+
+        return shared_local_executor()
+    if config.executor == "ray":
+        from ait.compute.ray_executor import RayExecutor, require_ray
+
+        require_ray()  # fail now, with the install hint, not halfway through the episode
+        return RayExecutor(config.ray_address, config.job_wait_s)
     return InlineExecutor()

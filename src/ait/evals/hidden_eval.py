@@ -5,6 +5,9 @@ tokenizer come from the base model (trusted); from the trained checkpoint only r
 tensors are read, with safetensors (never pickle), and their names and shapes must
 match the base model exactly.
 
+A dev-mode request (`hidden = false, dev = true`) scores the trained weights on the
+spec's public dev examples only: the one result an agent may see between jobs.
+
     python -m ait.evals.hidden_eval REQUEST_JSON
 """
 
@@ -36,6 +39,10 @@ class EvalRequest(BaseModel):
     """Also score the base weights."""
     batch_size: int = 32
     """Conversations generated together."""
+    hidden: bool = True
+    """Score the hidden set (False: dev examples only, for a result the agent may see)."""
+    dev: bool = False
+    """Also score the trained weights on the spec's public dev examples."""
     out_path: str
     """Where to write the EvalReport JSON."""
 
@@ -46,7 +53,11 @@ class EvalReport(BaseModel):
     post: float | None = None
     """Mean hidden-eval score of the trained weights."""
     n: int
-    """Examples scored."""
+    """Hidden examples scored (0 in dev-only mode)."""
+    dev: float | None = None
+    """Mean score of the trained weights on the public dev examples (dev mode)."""
+    dev_n: int | None = None
+    """Dev examples scored."""
     fingerprint: str
     """Which hidden set (see evals.hidden.eval_fingerprint)."""
     weights_changed: bool | None = None
@@ -88,7 +99,7 @@ def apply_checkpoint(model, tensors: dict) -> bool:
         for name, tensor in tensors.items():
             if tensor.shape != state[name].shape:
                 raise CheckpointError(f"{name}: shape {tuple(tensor.shape)} != base {tuple(state[name].shape)}")
-            tensor = tensor.to(state[name].dtype)
+            tensor = tensor.to(device=state[name].device, dtype=state[name].dtype)
             changed = changed or not torch.equal(tensor, state[name])
             state[name].copy_(tensor)
     return changed
@@ -107,7 +118,7 @@ def evaluate(req: EvalRequest) -> EvalReport:
 
     spec = load_spec(req.task_path)
     n = req.n or spec.hidden_eval_size
-    examples = hidden_examples(spec, n)
+    examples = hidden_examples(spec, n) if req.hidden else []
     t0 = time.monotonic()
     base = resolve_base_model(req.base_model)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -115,18 +126,27 @@ def evaluate(req: EvalRequest) -> EvalReport:
     model = AutoModelForCausalLM.from_pretrained(base.path, dtype=dtype, use_safetensors=True,
                                                  trust_remote_code=False).to(device).eval()
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(base.path, trust_remote_code=False))
-    report = EvalReport(n=n, fingerprint=eval_fingerprint(spec, n))
+    report = EvalReport(n=len(examples), fingerprint=eval_fingerprint(spec, n))
     report.seconds["eval/load_s"] = time.monotonic() - t0
-    if req.run_pre:
+    if req.run_pre and examples:
         t = time.monotonic()
         report.pre, _ = score(model, tokenizer, spec, examples, req.batch_size)
         report.seconds["eval/pre_s"] = time.monotonic() - t
     if req.checkpoint:
         report.weights_changed = apply_checkpoint(model, load_checkpoint_tensors(Path(req.checkpoint)))
+    if req.checkpoint and examples:
         t = time.monotonic()
         report.post, convs = score(model, tokenizer, spec, examples, req.batch_size)
         report.seconds["eval/post_s"] = time.monotonic() - t
         report.samples = convs[:3]
+    if req.dev and spec.dev_examples:
+        from ait.evals.dev_eval import dev_examples
+
+        t = time.monotonic()
+        dev = dev_examples(spec)
+        report.dev, _ = score(model, tokenizer, spec, dev, req.batch_size)
+        report.dev_n = len(dev)
+        report.seconds["eval/dev_s"] = time.monotonic() - t
     return report
 
 

@@ -1,7 +1,8 @@
 """One episode: the agent writes a job through tools, submits, the job runs, reward is computed.
 
-    run_episode  ─ seed workspace ─ turn loop (policy.act → tools) ─ submit_job → probe → job
-                 ─ reward ─ artifacts in runs/<run_id>/
+    run_episode  ─ seed workspace ─ turn loop (budget check → policy.act → meter → tools)
+                 ─ submit_job → probe → job (up to max_jobs, dev score shown) ─ best job
+                 ─ reward ─ artifacts in runs/<run_id>/, spend in runs/costs.jsonl
 """
 
 from __future__ import annotations
@@ -16,14 +17,18 @@ from typing import Callable
 from ait.compute.executors import make_executor
 from ait.evals.baselines import Baseline, BaselineStore
 from ait.evals.hidden import eval_fingerprint
+from ait.harness import jobs as jobs_
 from ait.harness.tools import TOOL_SCHEMAS, EpisodeTools
-from ait.harness.types import EpisodeConfig, EpisodeResult, Message, StopReason, Submission
+from ait.harness.types import (EpisodeConfig, EpisodeResult, JobRecord, Message, PolicyStop, StopReason,
+                               Submission)
 from ait.harness.workspace_tools import WorkspaceTools
 from ait.job.types import Job, JobResult
+from ait.metering import Ledger, Meter, load_prices
 from ait.policy.base import Policy
 from ait.probe.runner import probe_workspace
 from ait.reward import compute_reward
 from ait.runs import RunDir, new_run_id, runs_root, versions
+from ait.sandbox import require_isolation
 from ait.spec import TaskSpec
 
 READ_ONLY = ("INSTRUCTIONS.md", "task.json")
@@ -45,19 +50,27 @@ def seed_workspace(workspace: Path, spec: TaskSpec) -> None:
 
 
 class Episode:
-    """State of one episode; `run` is the loop."""
+    """State of one episode; `run_loop` is the loop."""
 
     def __init__(self, spec: TaskSpec, task_path: Path, policy: Policy, config: EpisodeConfig,
-                 run: RunDir, baselines: BaselineStore, on_event: Callable[[str], None] | None = None):
+                 run: RunDir, baselines: BaselineStore, meter: Meter,
+                 on_event: Callable[[str], None] | None = None):
         self.spec, self.task_path, self.policy, self.config, self.run = spec, task_path, policy, config, run
         self.on_event = on_event or (lambda _msg: None)
-        self.baselines = baselines
+        self.baselines, self.meter = baselines, meter
         self.submissions: list[Submission] = []
-        self.job_result: JobResult | None = None
+        self.jobs: list[JobRecord] = []
         self.valid_attempt: int | None = None
+        self.budget_stop: str | None = None  # set when a valid job was not run: it would pass a budget
         seed_workspace(run.workspace, spec)
         files_ = WorkspaceTools(run.workspace, read_only=READ_ONLY)
         self.tools = EpisodeTools(files_, spec, submit=self.submit_job, baselines=baselines)
+
+    @property
+    def job_result(self) -> JobResult | None:
+        """The scored job: the best by hidden post."""
+        best = jobs_.best_job(self.jobs)
+        return None if best is None else self.jobs[best].result
 
     def run_loop(self) -> tuple[StopReason, int, str | None]:
         messages = [Message(role="system", content=SYSTEM),
@@ -67,14 +80,28 @@ class Episode:
         self.policy.reset(self.spec)
         nudges = 0
         for turn in range(1, self.config.max_turns + 1):
+            # Before the call: stop if it would pass a budget (estimated at the last call's price).
+            if why := self.meter.over_budget(self.meter.last_call_usd):
+                return self.stop_for_budget(turn - 1, why)
+            t0 = time.monotonic()
             try:
                 reply = self.policy.act(messages, TOOL_SCHEMAS)
+            except PolicyStop as e:
+                self.run.log("policy_stop", reason=e.reason.value, error=str(e))
+                return e.reason, turn, str(e)
             except Exception as e:
                 self.run.log("policy_error", error=f"{type(e).__name__}: {e}")
                 return StopReason.policy_error, turn, f"{type(e).__name__}: {e}"
+            if reply.usage is not None:
+                reply = reply.model_copy(update={"usage": self.meter.record_llm(reply.usage, self.policy.name)})
             messages.append(reply)
-            self.run.log("message", turn=turn, **reply.model_dump())
+            self.run.log("message", turn=turn, seconds=round(time.monotonic() - t0, 3), **reply.model_dump())
+            # After the call: if it passed a budget, stop before acting on it.
+            if why := self.meter.over_budget():
+                return self.stop_for_budget(turn, why)
             if not reply.tool_calls:
+                if self.jobs:  # the agent is done refining
+                    return StopReason.job_done, turn, None
                 if nudges >= self.config.max_nudges:
                     return (StopReason.agent_stopped if self.submissions else StopReason.no_submission), turn, None
                 nudges += 1
@@ -87,25 +114,41 @@ class Episode:
                 result = self.tools.dispatch(call)
                 messages.append(Message(role="tool", content=result, tool_call_id=call.id, name=call.name))
                 self.run.log("tool_result", turn=turn, tool=call.name, call_id=call.id, content=result,
-                             seconds=round(time.monotonic() - t0, 3))
-                if self.job_result is not None:
-                    return StopReason.job_done, turn, None
-                if len(self.submissions) >= self.spec.max_submission_attempts and self.valid_attempt is None:
-                    return StopReason.attempts_exhausted, turn, None
+                             seconds=round(time.monotonic() - t0, 3), malformed_total=self.tools.malformed)
+                if stop := self.finished():
+                    return stop, turn, self.budget_stop
         return StopReason.turn_cap, self.config.max_turns, None
+
+    def finished(self) -> StopReason | None:
+        """Whether the last tool call ended the episode."""
+        if self.budget_stop:
+            return StopReason.budget
+        if len(self.jobs) >= self.config.max_jobs:
+            return StopReason.job_done
+        if self.invalid_attempts() >= self.spec.max_submission_attempts:
+            return StopReason.job_done if self.jobs else StopReason.attempts_exhausted
+        return None
+
+    def stop_for_budget(self, turns: int, why: str) -> tuple[StopReason, int, str]:
+        self.run.log("budget_stop", reason=why, **self.meter.summary.metrics())
+        return StopReason.budget, turns, why
+
+    def invalid_attempts(self) -> int:
+        return sum(not s.report.valid for s in self.submissions)
 
     def nudge(self) -> str:
         if not self.submissions:
             return NUDGE
-        left = self.spec.max_submission_attempts - len(self.submissions)
+        left = self.spec.max_submission_attempts - self.invalid_attempts()
         return (f"Your last submission was invalid. Fix the errors it listed and call submit_job again "
                 f"({left} attempt(s) left).")
 
     def submit_job(self) -> str:
-        """The submit_job tool: freeze the workspace, probe it, run it if valid."""
-        attempt = len(self.submissions) + 1
-        if attempt > self.spec.max_submission_attempts:
+        """The submit_job tool: freeze the workspace, probe it, run it if valid (and affordable)."""
+        K = self.spec.max_submission_attempts
+        if self.invalid_attempts() >= K:
             return "error: no submission attempts left"
+        attempt = len(self.submissions) + 1
         snapshot = self.run.submission_dir(attempt) / "workspace"
         shutil.copytree(self.run.workspace, snapshot, symlinks=True)
         self.on_event(f"probing submission {attempt}")
@@ -114,22 +157,39 @@ class Episode:
         self.submissions.append(Submission(attempt=attempt, parseable=job_toml_parses(snapshot), report=report))
         self.run.log("probe", attempt=attempt, valid=report.valid, errors=[e.model_dump() for e in report.errors],
                      seconds=round(report.seconds, 3))
-        left = self.spec.max_submission_attempts - attempt
         if not report.valid:
-            return f"invalid job (attempt {attempt}, {left} left):\n{report.summary()}"
-        self.valid_attempt = attempt
-        job = Job(job_id=f"{self.run.path.name}-{attempt}", run_dir=str(self.run.path), workspace=str(snapshot),
-                  task_path=str(self.task_path), config=report.config, time_budget_s=self.spec.constraints.time_budget_s,
-                  kill_factor=self.config.kill_factor, eval_size=self.config.eval_size)
+            return f"invalid job (attempt {attempt}, {K - self.invalid_attempts()} left):\n{report.summary()}"
+        self.valid_attempt = self.valid_attempt or attempt
+        index = len(self.jobs) + 1
+        job = Job(job_id=f"{self.run.path.name}-{attempt}", run_dir=str(jobs_.job_run_dir(self.run.path, index)),
+                  workspace=str(snapshot), task_path=str(self.task_path), config=report.config,
+                  time_budget_s=self.spec.constraints.time_budget_s, kill_factor=self.config.kill_factor,
+                  eval_size=self.config.eval_size)
+        estimate = jobs_.estimate_job_usd(self.config, job.time_budget_s, self.meter.prices)
+        if why := self.meter.over_budget(estimate):
+            self.budget_stop = f"job not run: {why}"
+            self.run.log("budget_stop", reason=self.budget_stop, attempt=attempt, **self.meter.summary.metrics())
+            return f"job valid (attempt {attempt}) but not run: it would pass the episode's budget"
         self.on_event(f"training and evaluating ({report.config.job.base_model})")
-        self.job_result = make_executor(self.config).run(job)
+        result = make_executor(self.config).run(job)
+        return self.record_job(attempt, job, result)
+
+    def record_job(self, attempt: int, job: Job, result: JobResult) -> str:
+        """Dev score, cost, ledger, artifacts; the agent's feedback (dev only, never hidden)."""
+        left = self.config.max_jobs - len(self.jobs) - 1
+        dev, dev_note, dev_seconds = jobs_.dev_score(job, result, left)
+        record = jobs_.make_record(attempt, job, result, dev, self.config, self.meter.prices, dev_seconds)
+        self.meter.record_job(job.job_id, record.cost)
+        self.jobs.append(record)
+        self.run.write_json(f"submissions/{attempt}/job_result.json", result)
         self.run.write_json("job_result.json", self.job_result)
-        if not self.job_result.ok:
-            return f"job valid (attempt {attempt}) but it failed: {self.job_result.fail_reason.value}"
-        return f"job valid (attempt {attempt}); training finished in {self.job_result.train_seconds:.0f}s"
+        self.run.log("job", index=len(self.jobs), attempt=attempt, job_id=job.job_id, ok=result.ok,
+                     fail_reason=result.fail_reason, dev=dev, hidden_pre=result.pre, hidden_post=result.post,
+                     cost=record.cost.model_dump(), best=jobs_.best_job(self.jobs))
+        return jobs_.feedback(record, dev_note, left, iterative=self.config.max_jobs > 1)
 
     def best_pre(self) -> float | None:
-        """The frozen baseline for the job's model; the job's own pre freezes it if none exists."""
+        """The frozen baseline for the scored job's model; its own pre freezes it if none exists."""
         job = self.job_result
         if job is None or not job.ok:
             return None
@@ -153,13 +213,19 @@ def run_episode(spec: TaskSpec, task_path: str | Path, policy: Policy, config: E
                 runs_dir: str | Path | None = None, baselines: BaselineStore | None = None,
                 run_id: str | None = None, on_event: Callable[[str], None] | None = None) -> EpisodeResult:
     config = config or EpisodeConfig()
+    sandbox = require_isolation()  # before anything is written: no episode without a sandbox (or the override)
     start = time.monotonic()
     run_id = run_id or new_run_id()
-    run = RunDir(Path(runs_dir or runs_root()) / run_id)
+    root = Path(runs_dir or runs_root())
+    meter = Meter(Ledger(config.ledger_path or root / "costs.jsonl"), run_id, load_prices(config.prices_path),
+                  group=config.run_group, budget_usd=config.budget_usd, run_budget_usd=config.run_budget_usd)
+    run = RunDir(root / run_id)
     run.write_json("manifest.json", {"run_id": run_id, "task": spec.id, "task_path": str(Path(task_path).resolve()),
-                                     "policy": policy.name, "config": config.model_dump(), "versions": versions(),
+                                     "policy": policy.name, "policy_settings": getattr(policy, "settings", {}),
+                                     "config": config.model_dump(), "versions": versions(), "sandbox": sandbox,
                                      "started_at": time.time()})
-    episode = Episode(spec, Path(task_path).resolve(), policy, config, run, baselines or BaselineStore(), on_event)
+    episode = Episode(spec, Path(task_path).resolve(), policy, config, run, baselines or BaselineStore(), meter,
+                      on_event)
     stop, turns, error = episode.run_loop()
     reward = compute_reward(
         parseable_submission=any(s.parseable for s in episode.submissions),
@@ -169,7 +235,10 @@ def run_episode(spec: TaskSpec, task_path: str | Path, policy: Policy, config: E
     run.write_json("reward.json", reward)
     result = EpisodeResult(run_id=run_id, run_dir=str(run.path), task_id=spec.id, policy=policy.name,
                            stop_reason=stop, turns=turns, submissions=episode.submissions, job=episode.job_result,
-                           reward=reward, wall_seconds=time.monotonic() - start, error=error)
+                           jobs=episode.jobs, best_job=jobs_.best_job(episode.jobs), reward=reward,
+                           wall_seconds=time.monotonic() - start, error=error, cost=meter.summary,
+                           malformed_tool_calls=episode.tools.malformed)
     run.write_json("episode.json", result)
-    run.log("episode_end", stop_reason=stop.value, **reward.metrics())
+    run.log("episode_end", stop_reason=stop.value, best_job=result.best_job,
+            malformed_tool_calls=result.malformed_tool_calls, **reward.metrics(), **meter.summary.metrics())
     return result

@@ -1,7 +1,9 @@
 """The tools an agent has during an episode: workspace files, baselines, submit.
 
 Every call returns text for the agent; a mistaken call (bad arguments, unknown tool,
-path outside the workspace) returns an error text, never an exception.
+path outside the workspace) returns an error text, never an exception. Malformed calls
+(unknown tool, arguments that are not a JSON object, wrong argument names) are also
+counted: an LLM agent's rate of them is worth watching.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class EpisodeTools:
                  baselines: BaselineStore | None = None):
         self.files, self.spec, self.submit = files, spec, submit
         self.baselines = baselines or BaselineStore()
+        self.malformed = 0
+        """Malformed calls so far."""
 
     def get_baseline_scores(self) -> str:
         fingerprint = eval_fingerprint(self.spec)
@@ -61,12 +65,15 @@ class EpisodeTools:
         }
         handler = handlers.get(call.name)
         if handler is None:
+            self.malformed += 1
             return f"error: unknown tool {call.name!r}; available: {', '.join(handlers)}"
         if not isinstance(call.arguments, dict):
+            self.malformed += 1
             return f"error: arguments for {call.name} are not a JSON object: {str(call.arguments)[:200]}"
         try:
             inspect.signature(handler).bind(**call.arguments)
         except TypeError as e:
+            self.malformed += 1
             return f"error: bad arguments for {call.name}: {e}"
         try:
             return handler(**call.arguments)

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from ait.job.types import JobResult
+from ait.metering import CostSummary, JobCost, Usage
 from ait.probe.types import ProbeReport
 from ait.reward import RewardBreakdown, RewardWeights
 from ait.spec import Strict
@@ -22,6 +23,21 @@ class ToolCallRequest(BaseModel):
     """Parsed arguments, or the raw string when the policy sent malformed JSON."""
 
 
+class TokenTrace(BaseModel):
+    """What a trainable (local) policy sampled: enough to recompute the turn's log-likelihood."""
+
+    prompt_ids: list[int]
+    """The rendered prompt the reply was sampled from (chat template, tools, history)."""
+    completion_ids: list[int]
+    """Every sampled token, the end-of-turn token included."""
+    logprobs: list[float]
+    """Log-probability of each sampled token under the sampling distribution (temperature applied)."""
+    temperature: float
+    """The sampling temperature (0 = greedy; logprobs then at temperature 1)."""
+    truncated_tool_results: int = 0
+    """Older tool results shortened so the prompt fit the model's context."""
+
+
 class Message(BaseModel):
     role: Literal["system", "user", "assistant", "tool"]
     """Who speaks."""
@@ -33,6 +49,10 @@ class Message(BaseModel):
     """Which call this answers (tool messages only)."""
     name: str | None = None
     """Tool name (tool messages only)."""
+    usage: Usage | None = None
+    """Tokens, USD and latency of the LLM call that produced it (assistant messages from an LLM)."""
+    tokens: TokenTrace | None = None
+    """Token ids and logprobs (assistant messages from a trainable policy)."""
 
 
 class StopReason(str, Enum):
@@ -44,6 +64,17 @@ class StopReason(str, Enum):
     agent_stopped = "agent_stopped"              # the agent stopped after invalid submissions
     turn_cap = "turn_cap"                        # max_turns reached
     policy_error = "policy_error"                # the policy raised (API down, parse failure)
+    budget = "budget"                            # the next step would pass (or the last passed) a USD budget
+    context_full = "context_full"                # the conversation no longer fits the policy's context
+
+
+class PolicyStop(Exception):
+    """Raised by a policy that cannot go on for a known reason (e.g. its context is full): the
+    episode ends with `reason` instead of policy_error."""
+
+    def __init__(self, reason: StopReason, message: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 class EpisodeConfig(Strict):
@@ -69,6 +100,23 @@ class EpisodeConfig(Strict):
     """The job is killed at this multiple of the task's time budget."""
     reward: RewardWeights = Field(default_factory=RewardWeights)
     """Reward weights."""
+    max_jobs: int = Field(default=1, ge=1, le=20)
+    """Valid jobs the agent may run; after each it sees the dev-set score (never the hidden one) and may
+    refine. The episode is scored on its best job by hidden post."""
+    budget_usd: float | None = Field(default=None, ge=0)
+    """Cap on this episode's LLM + job USD; None = no cap."""
+    run_budget_usd: float | None = Field(default=None, ge=0)
+    """Cap on the ledger's USD over `run_group` (every line when run_group is None); None = no cap."""
+    run_group: str | None = None
+    """Names the larger run this episode belongs to (a sweep, an outer-loop run); tags ledger lines."""
+    ledger_path: str | None = None
+    """The spend ledger; None = <runs dir>/costs.jsonl."""
+    prices_path: str | None = None
+    """Extra price TOML (see ait.metering); AIT_HOME/prices.toml and AIT_PRICES are read too."""
+    job_gpus: float | None = Field(default=None, ge=0)
+    """GPUs a job is charged for when its result does not say; None = 1 on a CUDA machine, else 0."""
+    gpu_type: str | None = None
+    """GPU name for the $/GPU-hour lookup; None = this machine's device name."""
 
 
 class Submission(BaseModel):
@@ -78,6 +126,21 @@ class Submission(BaseModel):
     """job.toml parsed as TOML."""
     report: ProbeReport
     """The probe's verdict."""
+
+
+class JobRecord(BaseModel):
+    """One job an episode ran (several when max_jobs > 1)."""
+
+    attempt: int
+    """The submission attempt that produced it."""
+    job_id: str
+    """Job id."""
+    result: JobResult
+    """What the job reported (hidden pre/post included: never shown to the agent)."""
+    dev: float | None = None
+    """Score on the spec's public dev examples: the only score the agent sees."""
+    cost: JobCost
+    """GPU-seconds and estimated USD."""
 
 
 class EpisodeResult(BaseModel):
@@ -96,10 +159,18 @@ class EpisodeResult(BaseModel):
     submissions: list[Submission]
     """Every submit_job call's verdict."""
     job: JobResult | None
-    """The job's result, if a valid job ran."""
+    """The scored job's result: the best by hidden post when several ran."""
+    jobs: list[JobRecord] = Field(default_factory=list)
+    """Every job that ran, in order."""
+    best_job: int | None = None
+    """Index into `jobs` of the scored job."""
     reward: RewardBreakdown
     """The reward and its components."""
     wall_seconds: float
     """Episode wall time."""
     error: str | None = None
-    """What went wrong when stop_reason is policy_error."""
+    """What went wrong (policy_error, context_full) or which budget stopped the episode (budget)."""
+    cost: CostSummary = Field(default_factory=CostSummary)
+    """Tokens, USD and GPU-seconds of the episode."""
+    malformed_tool_calls: int = 0
+    """Tool calls with an unknown name, arguments that are not a JSON object, or wrong arguments."""

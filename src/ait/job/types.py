@@ -195,6 +195,10 @@ class JobResult(BaseModel):
     """Hidden-eval score after training."""
     eval_n: int | None = None
     """Number of hidden examples scored."""
+    dev: float | None = None
+    """Score of the trained weights on the spec's public dev examples (the only score an agent sees)."""
+    gpus: float | None = None
+    """GPUs the job held (fractional when packed, 0 on CPU); None = not reported."""
     train_seconds: float | None = None
     """Wall time of the GRPO loop alone."""
     total_seconds: float | None = None

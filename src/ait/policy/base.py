@@ -1,7 +1,14 @@
 """The Policy interface: one assistant message per turn, with tool calls.
 
-Implementations: `reference` (scripted, no model), and later OpenAI-compatible chat,
-local Hugging Face and Tinker samplers; `make_policy` picks one from a spec string.
+Implementations, picked by `make_policy` from a spec string:
+
+    reference[:N]        scripted, no model (the default); refines with up to N jobs (default 2)
+    openai:MODEL         any OpenAI-compatible chat endpoint (OpenAI, OpenRouter, vLLM, ...)
+    hf:PATH_OR_NAME      a local Hugging Face model (hf:tiny = the built-in tiny model)
+
+An LLM policy attaches `usage` (tokens, USD, latency) to each reply; a trainable one also
+attaches `tokens` (prompt ids, sampled ids, their logprobs). A policy that cannot go on for
+a known reason raises `PolicyStop`; any other exception ends the episode as policy_error.
 """
 
 from __future__ import annotations
@@ -22,10 +29,25 @@ class Policy(Protocol):
         """Return the next assistant message given the conversation and the tool schemas."""
 
 
-def make_policy(spec: str | None) -> Policy:
-    """`reference` (the default with no API key) or, as they are added, `openai:MODEL` and others."""
-    from ait.policy.reference import ReferencePolicy
+def make_policy(spec: str | None, *, base_url: str | None = None, temperature: float | None = None,
+                max_tokens: int | None = None) -> Policy:
+    """Build a policy from `reference`, `reference:N`, `openai:MODEL` or `hf:PATH_OR_NAME`."""
+    kind, _, arg = (spec or "reference").partition(":")
+    if kind == "reference":
+        from ait.policy.reference import ReferencePolicy
 
-    if spec in (None, "", "reference"):
-        return ReferencePolicy()
-    raise ValueError(f"unknown policy {spec!r}; available: reference")
+        if arg and not arg.isdigit():
+            raise ValueError(f"reference takes a number of jobs (reference:2), not {arg!r}")
+        return ReferencePolicy(jobs=int(arg) if arg else 2)
+    if kind == "openai" and arg:
+        from ait.policy.openai_policy import OpenAIPolicy
+
+        return OpenAIPolicy(arg, base_url, temperature=temperature, max_tokens=max_tokens)
+    if kind == "hf" and arg:
+        from ait.policy.hf_policy import HFPolicy
+
+        options: dict[str, Any] = {"temperature": temperature} if temperature is not None else {}
+        if max_tokens is not None:
+            options["max_new_tokens"] = max_tokens
+        return HFPolicy(arg, **options)
+    raise ValueError(f"unknown policy {spec!r}; use reference, reference:N, openai:MODEL or hf:PATH_OR_NAME")

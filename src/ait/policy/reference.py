@@ -2,7 +2,9 @@
 
 It works only through the harness tools, as any agent must: it reads the instructions
 and task.json, checks the baselines, writes job.toml and env.py from the reference job
-shipped for the task's family, submits, and stops. It is the default policy with no
+shipped for the task's family, submits, and stops. When the harness allows more jobs
+(EpisodeConfig.max_jobs > 1) it refines up to `jobs` times: each time it doubles
+max_steps (within the task's bound) and submits again. It is the default policy with no
 API key, the demo, a test fixture and a baseline for trained agents.
 """
 
@@ -25,11 +27,30 @@ def reference_job(family: str) -> dict[str, str] | None:
     return {name: (root / name).read_text() for name in ("job.toml", "env.py")}
 
 
+MORE_JOBS = "more job(s) allowed"  # what the harness says when another job may run
+
+
+def more_steps(job_toml: str, cap: int) -> str | None:
+    """job.toml with max_steps doubled (at most `cap`), or None when it cannot grow."""
+    match = re.search(r"^max_steps\s*=\s*(\d+)", job_toml, re.MULTILINE)
+    if not match or int(match.group(1)) >= cap:
+        return None
+    steps = min(2 * int(match.group(1)), cap)
+    return job_toml[:match.start()] + f"max_steps = {steps}" + job_toml[match.end():]
+
+
 class ReferencePolicy:
     name = "reference"
 
+    def __init__(self, jobs: int = 2):
+        self.jobs = jobs
+        """Most jobs to run when the harness allows several (1 = never refine)."""
+        self.settings = {"jobs": jobs}
+
     def reset(self, spec: TaskSpec) -> None:
         self.step = 0
+        self.submitted = 0
+        self.resubmit = False
 
     def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
         self.step += 1
@@ -44,9 +65,24 @@ class ReferencePolicy:
         ]
         if self.step <= len(plan):
             return plan[self.step - 1]()
+        return self._refine(messages[-1])
+
+    def _refine(self, last: Message) -> Message:
+        """After a job: write a longer-trained job.toml, then submit it, while jobs are allowed."""
+        if self.resubmit:
+            self.resubmit = False
+            return self._call("submit_job", {}, content="Submitting the longer run.")
+        after_job = last.role == "tool" and last.name == "submit_job" and MORE_JOBS in last.content
+        if self.submitted < self.jobs and after_job:
+            longer = more_steps(self.job["job.toml"], self.max_steps)
+            if longer is not None:
+                self.job["job.toml"] = longer
+                self.resubmit = True
+                return self._write("job.toml")
         return Message(role="assistant", content="I submitted the reference job for this task.")
 
     def _call(self, name: str, arguments: dict[str, Any], content: str = "") -> Message:
+        self.submitted += name == "submit_job"
         call = ToolCallRequest(id=f"call_{self.step}", name=name, arguments=arguments)
         return Message(role="assistant", content=content, tool_calls=[call])
 
@@ -56,6 +92,7 @@ class ReferencePolicy:
         if self.job is None:
             self.step = 10_000  # nothing to write: stop, and let the harness record it
             return Message(role="assistant", content=f"I have no reference job for family {task['family']!r}.")
+        self.max_steps = int(task["constraints"]["max_steps"])
         allowed = task["constraints"]["allowed_base_models"]
         match = re.search(r'^base_model\s*=\s*"([^"]*)"', self.job["job.toml"], re.MULTILINE)
         if match and match.group(1) not in allowed:

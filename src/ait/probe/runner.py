@@ -27,7 +27,8 @@ DEFAULT_TIMEOUT_S = 60.0
 MAX_OBSERVATIONS_BYTES = 2_000_000
 PROBE_PRELOAD = ["ait.probe.child", "ait.probe.dry_run", "ait.evals.rollout", "transformers.utils",
                  "transformers.models.qwen3.modeling_qwen3", "trl.chat_template_utils"]
-PROBE_LIMITS = Limits(cpu_s=300, file_bytes=256 * 2**20, processes=64, address_space_bytes=8 * 2**30)
+PROBE_LIMITS = Limits(cpu_s=300, file_bytes=256 * 2**20, processes=64, address_space_bytes=8 * 2**30,
+                      memory_bytes=4 * 2**30)
 
 
 def read_regular_file(path: Path, limit: int) -> bytes:

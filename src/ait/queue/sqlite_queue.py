@@ -1,22 +1,35 @@
 """A durable job queue in one SQLite file, safe for several processes at once.
 
-Every call opens its own short-lived connection (WAL mode, busy timeout), so queue
-objects can be created freely in workers, threads and subprocesses. State changes that
-read-then-write run under `BEGIN IMMEDIATE`, which takes the write lock up front, so
-two workers can never claim the same job or store two results for one job.
+Each thread (and each forked process) keeps its own connection (WAL mode, busy timeout),
+so queue objects can be shared by threads and created freely in workers and subprocesses.
+Reusing connections matters: closing the last connection to a WAL database checkpoints
+it, which made every call ~0.5 ms slower (`reuse_connections=False` keeps the old
+behaviour for the throughput benchmark). State changes that read-then-write run under
+`BEGIN IMMEDIATE`, which takes the write lock up front, so two workers can never claim
+the same job or store two results for one job.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import secrets
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from ait.job.types import Job, JobResult
-from ait.queue.types import FINAL_STATES, JobState, Lease, QueueEntry, QueueError, StaleLeaseError
+from ait.queue.types import (
+    FINAL_STATES,
+    JobState,
+    Lease,
+    QueueEntry,
+    QueueError,
+    StaleLeaseError,
+)
 
 APPLICATION_ID = 0x61697471  # "aitq", stamped in the file header to recognise our databases
 BUSY_TIMEOUT_MS = 30_000
@@ -39,6 +52,16 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_state_seq ON jobs (state, seq);
 """
 
+# The oldest claimable job. Two index seeks, one per state, instead of `state = a OR state = b
+# ORDER BY seq`, which sorted every queued row on each claim (slow with a long queue).
+CLAIMABLE = """
+SELECT * FROM (SELECT seq, job_id, attempts, job FROM jobs WHERE state = ?1 ORDER BY seq LIMIT 1)
+UNION ALL
+SELECT * FROM (SELECT seq, job_id, attempts, job FROM jobs WHERE state = ?2 AND lease_expires_at <= ?3
+               ORDER BY seq LIMIT 1)
+ORDER BY seq LIMIT 1
+"""
+
 COLUMNS = "job_id, state, attempts, worker_id, created_at, updated_at, lease_expires_at, error, job, result"
 
 
@@ -51,6 +74,7 @@ class JobQueue:
         lease_s: float = 60.0,
         max_attempts: int = 3,
         clock: Callable[[], float] = time.time,
+        reuse_connections: bool = True,
     ) -> None:
         if lease_s <= 0 or max_attempts < 1:
             raise ValueError(f"need lease_s > 0 and max_attempts >= 1, got {lease_s=} {max_attempts=}")
@@ -58,6 +82,8 @@ class JobQueue:
         self.lease_s = lease_s
         self.max_attempts = max_attempts
         self.clock = clock
+        self.reuse_connections = reuse_connections
+        self._local = threading.local()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._init_schema()
 
@@ -65,16 +91,42 @@ class JobQueue:
 
     def _connect(self) -> sqlite3.Connection:
         # isolation_level=None: we issue BEGIN/COMMIT ourselves.
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                               check_same_thread=False)
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA synchronous = NORMAL")  # durable across process crashes in WAL mode
         return conn
 
     @contextmanager
+    def _conn(self) -> Iterator[sqlite3.Connection]:
+        """This thread's connection. Keyed by pid too: a forked child must never use its
+        parent's connection (SQLite connections do not survive fork)."""
+        if not self.reuse_connections:
+            conn = self._connect()
+            try:
+                yield conn
+            finally:
+                conn.close()
+            return
+        cached = getattr(self._local, "conn", None)
+        if cached is None or cached[0] != os.getpid():
+            cached = (os.getpid(), self._connect())
+            self._local.conn = cached
+        yield cached[1]
+
+    def close(self) -> None:
+        """Close this thread's connection (others close when their threads end)."""
+        cached = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if cached is not None and cached[0] == os.getpid():
+            cached[1].close()
+
+    @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         """One write transaction holding the write lock from its start."""
-        conn = self._connect()
-        try:
+        with self._conn() as conn:
+            if conn.in_transaction:  # a failed ROLLBACK left it open; never nest into it
+                conn.execute("ROLLBACK")
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
@@ -82,15 +134,10 @@ class JobQueue:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
-        finally:
-            conn.close()
 
     def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
-        conn = self._connect()
-        try:
+        with self._conn() as conn:
             return conn.execute(sql, params).fetchall()
-        finally:
-            conn.close()
 
     def _init_schema(self) -> None:
         try:
@@ -125,11 +172,30 @@ class JobQueue:
             )
             return cur.rowcount == 1
 
+    def enqueue_many(self, jobs: Iterable[Job]) -> int:
+        """Add many jobs in one transaction (an outer step's whole batch at once); returns how
+        many were new. Same idempotency as `enqueue`: known job_ids are left untouched."""
+        now = self.clock()
+        rows = [(job.job_id, JobState.queued.value, now, now, job.model_dump_json()) for job in jobs]
+        with self._tx() as conn:
+            before = conn.total_changes
+            conn.executemany(
+                "INSERT INTO jobs (job_id, state, created_at, updated_at, job) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (job_id) DO NOTHING",
+                rows,
+            )
+            return conn.total_changes - before
+
     # -- worker side ---------------------------------------------------------
 
     def claim(self, worker_id: str) -> Lease | None:
         """Lease the oldest queued job, or a running one whose lease expired (a new attempt)."""
         now = self.clock()
+        params = (JobState.queued.value, JobState.running.value, now)
+        # An idle poll is one read: no write lock, so many polling workers never queue up
+        # behind each other (or behind enqueues) when there is nothing to hand out.
+        if not self._read(CLAIMABLE, params):
+            return None
         with self._tx() as conn:
             # Jobs whose last allowed attempt's lease ran out are dead, not handed out again.
             conn.execute(
@@ -138,14 +204,10 @@ class JobQueue:
                 " WHERE state = ? AND lease_expires_at <= ? AND attempts >= ?",
                 (JobState.dead.value, now, JobState.running.value, now, self.max_attempts),
             )
-            row = conn.execute(
-                "SELECT job_id, attempts, job FROM jobs"
-                " WHERE state = ? OR (state = ? AND lease_expires_at <= ?) ORDER BY seq LIMIT 1",
-                (JobState.queued.value, JobState.running.value, now),
-            ).fetchone()
+            row = conn.execute(CLAIMABLE, params).fetchone()
             if row is None:
                 return None
-            job_id, attempts, job_json = row
+            _, job_id, attempts, job_json = row
             token, expires_at = secrets.token_hex(16), now + self.lease_s
             conn.execute(
                 "UPDATE jobs SET state = ?, attempts = ?, worker_id = ?, token = ?, lease_expires_at = ?,"
@@ -210,6 +272,10 @@ class JobQueue:
             return cur.rowcount == 1
 
     # -- inspection and admin ------------------------------------------------
+
+    def log_path(self, job_id: str) -> Path:
+        """Where workers log this job's claims and outcomes: <queue dir>/logs/<job_id>.log."""
+        return self.path.parent / "logs" / f"{re.sub(r'[^A-Za-z0-9._-]', '_', job_id)}.log"
 
     def get(self, job_id: str) -> QueueEntry | None:
         rows = self._read(f"SELECT {COLUMNS} FROM jobs WHERE job_id = ?", (job_id,))

@@ -123,7 +123,7 @@ def run_untrusted(args: list[str], *, cwd: str | Path, timeout_s: float, log_pat
     if not capabilities.isolating and not unsafe_allowed():
         raise SandboxUnavailable(NO_ISOLATION)
     layers = [layer.name for layer in capabilities.layers if layer.active]
-    groups = cgroup.create(policy.limits.processes) if "cgroups" in layers else []
+    groups = cgroup.create(policy.limits.processes, policy.limits.memory_bytes) if "cgroups" in layers else []
     has_pids_max = any(Path(g, "pids.max").exists() for g in groups)
     nproc = None if has_pids_max else count_user_processes() + policy.limits.processes
     plan = LaunchPlan(policy=policy, layers=layers, cgroups=groups, nproc_limit=nproc, args=args)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 PIDS_V1 = Path("/sys/fs/cgroup/pids")
+MEMORY_V1 = Path("/sys/fs/cgroup/memory")
 V2_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
 
 
@@ -23,23 +24,45 @@ def v2_root() -> Path | None:
     return None
 
 
+def memory_v1_root() -> Path | None:
+    """This process's own v1 memory cgroup (children nest under it, so the host's limits still apply)."""
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "memory" in controllers.split(","):
+                root = MEMORY_V1 / path.lstrip("/")
+                return root if (root / "memory.limit_in_bytes").exists() and os.access(root, os.W_OK) else None
+    except OSError:
+        pass
+    return None
+
+
 def available() -> dict[str, bool]:
     return {"pids_v1": (PIDS_V1 / "cgroup.procs").exists() and os.access(PIDS_V1, os.W_OK),
+            "memory_v1": memory_v1_root() is not None,
             "v2_kill": v2_root() is not None}
 
 
-def create(max_pids: int) -> list[str]:
-    """Make this run's cgroups; returns their directories (possibly none)."""
+def create(max_pids: int, max_memory_bytes: int | None) -> list[str]:
+    """Make this run's cgroups; returns their directories (possibly none).
+    The memory cap matters as much as pids.max: forked copies of a 300 MB interpreter
+    unshare their pages as they exit, so a capped fork bomb can still exhaust the host."""
     name = f"run-{os.getpid()}-{time.monotonic_ns()}"
     made: list[str] = []
     have = available()
-    roots = ([PIDS_V1] if have["pids_v1"] else []) + ([v2_root()] if have["v2_kill"] else [])
+    roots = ([PIDS_V1 / "ait"] if have["pids_v1"] else []) + ([v2_root() / "ait"] if have["v2_kill"] else [])
+    if have["memory_v1"] and max_memory_bytes:
+        roots.append(memory_v1_root() / "ait")
     for root in roots:
         try:
-            path = root / "ait" / name
+            path = root / name
             path.mkdir(parents=True)
             if (path / "pids.max").exists():
                 (path / "pids.max").write_text(str(max_pids))
+            if max_memory_bytes and (path / "memory.limit_in_bytes").exists():
+                (path / "memory.limit_in_bytes").write_text(str(max_memory_bytes))
+            if max_memory_bytes and (path / "memory.max").exists():
+                (path / "memory.max").write_text(str(max_memory_bytes))
             made.append(str(path))
         except OSError:
             continue

@@ -15,7 +15,7 @@ import sys
 from ait.sandbox import cgroup
 from ait.sandbox.types import Capabilities, Layer
 
-DETECTOR_VERSION = 2  # bump when layers change, so cached detections are redone
+DETECTOR_VERSION = 3  # bump when layers change, so cached detections are redone
 
 
 
@@ -68,8 +68,9 @@ def detect() -> Capabilities:
               detail="running as root: every capability dropped before agent code runs" if root
               else "not root: nothing to drop"),
         Layer(name="cgroups", active=any(groups.values()), isolating=False,
-              detail=("per-run " + " and ".join(n for n, ok in (("pids.max (v1)", groups["pids_v1"]),
-                                                                  ("cgroup.kill (v2)", groups["v2_kill"])) if ok))
+              detail=("per-run " + ", ".join(n for n, ok in (("pids.max (v1)", groups["pids_v1"]),
+                                                                 ("memory limit (v1)", groups["memory_v1"]),
+                                                                 ("cgroup.kill (v2)", groups["v2_kill"])) if ok))
               if any(groups.values()) else "no writable cgroup hierarchy: RLIMIT_NPROC and group kill instead"),
         Layer(name="namespaces", active=False, isolating=True,
               detail="bubblewrap not used: not installed" if not _which("bwrap") else "bubblewrap found but not wired in"),

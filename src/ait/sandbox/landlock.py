@@ -72,10 +72,12 @@ def handled_fs(abi: int) -> int:
     return mask
 
 
-def restrict(read: list[str | Path], write: list[str | Path], devices: list[str | Path] = ()) -> int:
+def restrict(read: list[str | Path], write: list[str | Path], devices: list[str | Path] = (),
+             max_abi: int | None = None, scope: bool = True) -> int:
     """Apply the allow-lists to this process (irreversible). Returns the ABI used.
-    `devices` get read, write and ioctl (GPU nodes); missing paths are skipped."""
-    abi = abi_version()
+    `devices` get read, write and ioctl (GPU nodes); missing paths are skipped.
+    `max_abi` caps the features used; `scope=False` leaves signals and abstract sockets unscoped."""
+    abi = abi_version() if max_abi is None else min(abi_version(), max_abi)
     if abi < 1:
         raise LandlockError("Landlock is not available in this kernel")
     libc = _libc()
@@ -83,7 +85,7 @@ def restrict(read: list[str | Path], write: list[str | Path], devices: list[str 
     create, add, restrict_self = SYS[platform.machine()]
     fs = handled_fs(abi)
     attr = RulesetAttr(handled_access_fs=fs, handled_access_net=(NET_BIND_TCP | NET_CONNECT_TCP) if abi >= 4 else 0,
-                       scoped=(SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL) if abi >= 6 else 0)
+                       scoped=(SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL) if abi >= 6 and scope else 0)
     size = ctypes.sizeof(RulesetAttr) if abi >= 6 else (16 if abi >= 4 else 8)
     ruleset = libc.syscall(create, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if ruleset < 0:

@@ -50,6 +50,8 @@ def python_read_paths() -> list[str]:
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.realpath(sys.executable),
              str(Path(ait.__file__).resolve().parents[1])}
     paths.update(p for p in sys.path if p and os.path.isdir(p) and "site-packages" in p)
+    # PYTHONPATH entries are installs too (e.g. wheels unpacked into a --target directory).
+    paths.update(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.isdir(p))
     return sorted(paths)
 
 
@@ -77,11 +79,13 @@ def apply(plan: LaunchPlan) -> None:
     if "capabilities" in plan.layers:
         caps.drop_all()
     if "landlock" in plan.layers:
-        read = SYSTEM_READ + python_read_paths() + plan.policy.read + [f"/proc/{os.getpid()}"]
+        own_proc = f"/proc/{os.getpid()}"  # this process only (and its threads); other pids stay unreadable
+        read = SYSTEM_READ + python_read_paths() + plan.policy.read + [own_proc]
         write = plan.policy.write + ["/dev/null"]
         devices: list[str] = []
         if plan.policy.gpu:
             read += GPU_READ
+            write.append(own_proc)  # the CUDA driver writes to its own /proc entries; cuInit fails (304) otherwise
             devices = GPU_DEVICES + [f"/dev/{d}" for d in os.listdir("/dev") if d.startswith("nvidia")]
         landlock.restrict(read, write, devices)
     if "seccomp" in plan.layers:

@@ -12,8 +12,10 @@ class Limits(BaseModel):
     """RLIMIT_FSIZE: largest file the run may write."""
     open_files: int = Field(default=1024, ge=16)
     """RLIMIT_NOFILE."""
-    processes: int = Field(default=256, ge=8)
-    """Processes and threads the run may add (pids cgroup, else RLIMIT_NPROC)."""
+    processes: int = Field(default=128, ge=8)
+    """Processes and threads the run may have (pids cgroup, else RLIMIT_NPROC)."""
+    memory_bytes: int | None = Field(default=12 * 2**30, ge=2**28)
+    """Host memory the whole run may use (memory cgroup, where one is writable)."""
     address_space_bytes: int | None = Field(default=16 * 2**30, ge=2**28)
     """RLIMIT_AS; None where a GPU is used (CUDA maps huge virtual ranges)."""
 

@@ -1,0 +1,159 @@
+"""The local slot pool: several jobs at once on this machine, each pinned to a GPU slot.
+
+A slot is an environment for the job's processes: `CUDA_VISIBLE_DEVICES` naming its
+GPU (K slots share one GPU when jobs are packed), or "" for a CPU slot, so a job never
+grabs a device it was not given. Each running job is a thread waiting on `run_job`,
+whose train and eval processes run in their own process groups (killed on the job's
+time budget by the sandbox).
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+import signal
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from ait.compute.run_job import run_job
+from ait.job.types import FailReason, Job, JobResult
+
+JobFn = Callable[[Job, dict[str, str]], JobResult]
+"""A job function: run the job with this extra environment, return its result."""
+
+
+def run_job_in_slot(job: Job, env: dict[str, str]) -> JobResult:
+    """The default job function: train and evaluate with the slot's environment."""
+    return run_job(job, extra_env=env)
+
+
+def parse_gpus(text: str | None) -> list[str]:
+    """'0,1' -> ['0', '1']; None or '' -> [] (CPU only)."""
+    gpus = [g.strip() for g in (text or "").split(",") if g.strip()]
+    if len(set(gpus)) != len(gpus):
+        raise ValueError(f"GPU list {text!r} names a GPU twice; use --jobs-per-gpu to pack jobs on one GPU")
+    return gpus
+
+
+def slot_envs(slots: int | None, gpus: list[str], jobs_per_gpu: int = 1) -> list[dict[str, str]]:
+    """One environment per slot. With GPUs, slots are spread over them round-robin (so
+    fewer slots than capacity still use every GPU) and at most `jobs_per_gpu` share one."""
+    if jobs_per_gpu < 1:
+        raise ValueError(f"--jobs-per-gpu must be at least 1, got {jobs_per_gpu}")
+    if not gpus:
+        n = 1 if slots is None else slots
+        if n < 1:
+            raise ValueError(f"--slots must be at least 1, got {n}")
+        return [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(n)]
+    capacity = len(gpus) * jobs_per_gpu
+    n = capacity if slots is None else slots
+    if not 1 <= n <= capacity:
+        raise ValueError(f"--slots {n} does not fit {len(gpus)} GPU(s) x {jobs_per_gpu} job(s) per GPU "
+                         f"(at most {capacity}); raise --jobs-per-gpu to pack more jobs per GPU")
+    return [{"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} for i in range(n)]
+
+
+def detect_gpus() -> list[str]:
+    """GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else every GPU torch sees."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return parse_gpus(visible)
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # noqa: BLE001 - no torch or no driver: CPU slots
+        return []
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid`, from /proc (Linux; elsewhere none are found)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # The command name sits in parentheses and may hold spaces; the ppid follows it.
+            ppid = int(entry.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid:
+            found.append(int(entry.parent.name))
+    return found
+
+
+def kill_job_processes(job: Job) -> int:
+    """SIGKILL the process groups of this process's children that run in `job`'s directory
+    (run_job starts train and eval with cwd <run_dir>/job, each in its own group). Matching
+    the directory, not "every child", keeps other slots' jobs and unrelated children alive."""
+    job_dir = os.path.realpath(Path(job.run_dir) / "job")
+    killed = 0
+    for pid in _children(os.getpid()):
+        try:
+            if os.path.realpath(f"/proc/{pid}/cwd") != job_dir:
+                continue
+            os.killpg(pid, signal.SIGKILL)
+            killed += 1
+        except (OSError, ProcessLookupError):
+            continue  # exited meanwhile
+    return killed
+
+
+class LocalLauncher:
+    """Runs each job on a thread of its own slot; `stop` kills a job's processes."""
+
+    lost_errors: tuple[type[BaseException], ...] = ()
+
+    def __init__(self, slots: list[dict[str, str]], job_fn: JobFn = run_job_in_slot) -> None:
+        self.slots = slots
+        self.job_fn = job_fn
+        self._pool = ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="ait-slot")
+
+    def describe(self) -> str:
+        gpus = sorted({s["CUDA_VISIBLE_DEVICES"] for s in self.slots} - {""})
+        return f"local, {len(self.slots)} slot(s)" + (f" on GPU(s) {','.join(gpus)}" if gpus else " on CPU")
+
+    def submit(self, job: Job, env: dict[str, str]) -> Future:
+        return self._pool.submit(self.job_fn, job, env)
+
+    def stop(self, job: Job, future: Future) -> None:
+        kill_job_processes(job)
+
+    def to_result(self, job: Job, error: BaseException) -> JobResult | None:
+        # The job function itself raised (run_job does not): a crash of this job.
+        return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.crash,
+                         error=f"job function raised {type(error).__name__}: {error}")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class LocalExecutor:
+    """`ait episode --executor local`: run the job in a slot of a pool shared by every
+    episode of this process, so concurrent episodes never share a GPU they were not packed on."""
+
+    def __init__(self, slots: list[dict[str, str]], job_fn: JobFn = run_job_in_slot) -> None:
+        self.job_fn = job_fn
+        self._free: queue_mod.Queue[dict[str, str]] = queue_mod.Queue()
+        for env in slots:
+            self._free.put(env)
+
+    def run(self, job: Job) -> JobResult:
+        env = self._free.get()  # blocks while every slot is busy
+        try:
+            return self.job_fn(job, env)
+        finally:
+            self._free.put(env)
+
+
+_shared: LocalExecutor | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_local_executor() -> LocalExecutor:
+    """The process-wide local executor: one slot per visible GPU, or one CPU slot."""
+    global _shared
+    with _shared_lock:  # episodes start in parallel threads; they must share one pool
+        if _shared is None:
+            _shared = LocalExecutor(slot_envs(None, detect_gpus()))
+        return _shared

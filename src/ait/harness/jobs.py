@@ -1,0 +1,97 @@
+"""The jobs of one episode: where each one runs, what it cost, what the agent is told, which is kept.
+
+With `max_jobs > 1` the agent may run several valid jobs and refine between them. It is
+shown each job's dev-set score (the spec's public examples, scored by the family's own
+scorer) and never the hidden eval; the episode is scored on the job with the best hidden
+post score. Every job's record (hidden scores included) goes to the trajectory and the
+run directory, which the agent's file tools cannot reach.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ait.evals.dev_eval import DevScore, run_dev_eval
+from ait.harness.types import EpisodeConfig, JobRecord
+from ait.job.types import Job, JobResult
+from ait.metering import JobCost, PriceTable, detect_gpus, job_cost, job_wall_seconds
+
+
+def job_run_dir(run_path: Path, index: int) -> Path:
+    """The first job writes under <run>/job/ (as a one-job episode always has); job k >= 2 under
+    <run>/jobs/k/job/, so a later job never wipes an earlier one's checkpoint."""
+    return run_path if index == 1 else run_path / "jobs" / str(index)
+
+
+def charged_gpus(config: EpisodeConfig, result: JobResult | None = None) -> tuple[float, str | None]:
+    """GPUs (and device name) a job is charged for: its own report, else the config, else this machine."""
+    detected: tuple[float, str | None] | None = None
+    if result is not None and result.gpus is not None:
+        gpus = result.gpus
+    elif config.job_gpus is not None:
+        gpus = config.job_gpus
+    else:
+        detected = detect_gpus()
+        gpus = detected[0]
+    gpu_type = config.gpu_type
+    if gpus > 0 and gpu_type is None:
+        gpu_type = (detected or detect_gpus())[1]
+    return gpus, gpu_type
+
+
+def estimate_job_usd(config: EpisodeConfig, time_budget_s: float, prices: PriceTable) -> float:
+    """What a job may cost before it runs: its training budget on the GPUs it would be charged for
+    (the eval comes on top, so this is a floor, not a cap)."""
+    gpus, gpu_type = charged_gpus(config)
+    return job_cost(time_budget_s, gpus, gpu_type, prices).usd
+
+
+def dev_score(job: Job, result: JobResult, jobs_left: int) -> tuple[float | None, str, float]:
+    """(score, how to describe it, seconds spent here): the job's own dev score when it reports one,
+    else a dev eval run here, only when the agent can still use it (another job may follow)."""
+    if not result.ok:
+        return None, "", 0.0
+    if result.dev is not None:
+        return result.dev, "on the public dev examples", 0.0
+    if jobs_left <= 0:
+        return None, "", 0.0
+    scored = run_dev_eval(job, result)
+    if isinstance(scored, DevScore):
+        return scored.score, f"on {scored.n} public dev examples", scored.seconds
+    return None, scored, 0.0
+
+
+def make_record(attempt: int, job: Job, result: JobResult, dev: float | None, config: EpisodeConfig,
+                prices: PriceTable, extra_wall_s: float = 0.0) -> JobRecord:
+    gpus, gpu_type = charged_gpus(config, result)
+    cost: JobCost = job_cost(job_wall_seconds(result) + extra_wall_s, gpus, gpu_type, prices)
+    return JobRecord(attempt=attempt, job_id=job.job_id, result=result, dev=dev, cost=cost)
+
+
+def feedback(record: JobRecord, dev_note: str, jobs_left: int, iterative: bool) -> str:
+    """What the agent reads after a valid submission ran. Never a hidden-eval number."""
+    result, attempt = record.result, record.attempt
+    if result.ok:
+        text = f"job valid (attempt {attempt}); training finished in {result.train_seconds or 0:.0f}s"
+    else:
+        reason = result.fail_reason.value if result.fail_reason else "unknown"
+        text = f"job valid (attempt {attempt}) but it failed: {reason}"
+    if not iterative:
+        return text
+    if record.dev is not None:
+        text += f"; dev score {record.dev:.3f} {dev_note}".rstrip()
+    elif result.ok and jobs_left > 0:
+        text += f"; no dev score ({dev_note or 'not available'})"
+    if jobs_left > 0:
+        return (text + f". {jobs_left} more job(s) allowed: change job.toml / env.py and call submit_job to try "
+                "to beat it, or stop; your best job is the one scored.")
+    return text + ". No jobs left; your best job is the one scored."
+
+
+def best_job(records: list[JobRecord]) -> int | None:
+    """Index of the job with the highest hidden post (the earliest on ties); the first job when none
+    finished, so a failed job is still what the episode reports."""
+    if not records:
+        return None
+    finished = [(r.result.post, -i) for i, r in enumerate(records) if r.result.ok and r.result.post is not None]
+    return -max(finished)[1] if finished else 0

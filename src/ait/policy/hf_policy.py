@@ -1,0 +1,136 @@
+"""A local Hugging Face model as a policy, recording what the outer loop needs to train it.
+
+Each turn renders the conversation with the model's own chat template (the harness's
+tools included), samples a reply at `temperature` (no top-k / top-p, so the recorded
+logprobs are exactly those of the distribution sampled from), parses tool calls with the
+template's response parser, and returns the reply with its prompt ids, sampled ids and
+per-token logprobs. When the prompt outgrows the context, the oldest tool results are
+shortened first; if it still does not fit, the episode stops as context_full.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ait.harness.types import Message, PolicyStop, StopReason, TokenTrace, ToolCallRequest
+from ait.metering import Usage
+from ait.policy.chat import parse_arguments, salvage_tool_calls, to_template
+from ait.spec import TaskSpec
+
+TRUNCATED = "[older tool result shortened to fit the model's context: {n} characters]"
+
+
+class HFPolicy:
+    def __init__(self, model: str, *, temperature: float = 0.7, max_new_tokens: int = 512,
+                 max_context: int | None = None, seed: int | None = 0, device: str | None = None):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from ait.evals.rollout import prepare_tokenizer
+        from ait.train.models import resolve_base_model
+
+        resolved = resolve_base_model(model)  # tiny, a local directory, or a hub id (safetensors only)
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        self.tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(resolved.path, trust_remote_code=False))
+        self.model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype, use_safetensors=True,
+                                                          trust_remote_code=False).to(self.device).eval()
+        self.name = f"hf:{model}"
+        self.temperature, self.max_new_tokens, self.seed = temperature, max_new_tokens, seed
+        self.max_context = max_context or context_length(self.model, self.tokenizer)
+        self.settings = {"model": model, "path": resolved.path, "temperature": temperature,
+                         "max_new_tokens": max_new_tokens, "max_context": self.max_context, "seed": seed}
+        self.turn = 0
+
+    def reset(self, spec: TaskSpec) -> None:
+        import torch
+
+        self.turn = 0
+        if self.seed is not None:
+            torch.manual_seed(self.seed)  # the same episode samples the same replies
+
+    def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
+        self.turn += 1
+        prompt_ids, truncated = self.fit(messages, tools)
+        t0 = time.monotonic()
+        ids, logprobs = self.sample(prompt_ids)
+        latency = time.monotonic() - t0
+        content, calls = self.parse(prompt_ids, ids, tools)
+        usage = Usage(model=self.name, prompt_tokens=len(prompt_ids), completion_tokens=len(ids), usd=0.0,
+                      usd_source="local", latency_s=latency)
+        tokens = TokenTrace(prompt_ids=prompt_ids, completion_ids=ids, logprobs=logprobs,
+                            temperature=self.temperature, truncated_tool_results=truncated)
+        return Message(role="assistant", content=content, tool_calls=calls, usage=usage, tokens=tokens)
+
+    def render(self, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(to_template(messages), tools=tools or None, tokenize=False,
+                                                  add_generation_prompt=True)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def fit(self, messages: list[Message], tools: list[dict[str, Any]]) -> tuple[list[int], int]:
+        """Prompt ids leaving room for a full reply: shorten tool results oldest first, else stop."""
+        room = self.max_context - self.max_new_tokens
+        messages = list(messages)
+        ids = self.render(messages, tools)
+        shortened = 0
+        for i, m in enumerate(messages):
+            if len(ids) <= room:
+                break
+            if m.role == "tool" and not m.content.startswith("[older tool result"):
+                messages[i] = m.model_copy(update={"content": TRUNCATED.format(n=len(m.content))})
+                shortened += 1
+                ids = self.render(messages, tools)
+        if len(ids) > room:
+            raise PolicyStop(StopReason.context_full,
+                             f"{self.name}: the prompt is {len(ids)} tokens with every older tool result shortened; "
+                             f"the model's context of {self.max_context} leaves {room} after {self.max_new_tokens} "
+                             "for the reply")
+        return ids, shortened
+
+    def sample(self, prompt_ids: list[int]) -> tuple[list[int], list[float]]:
+        import torch
+
+        tok = self.tokenizer
+        inputs = torch.tensor([prompt_ids], device=self.model.device)
+        greedy = self.temperature <= 0
+        sampling = {} if greedy else {"temperature": self.temperature, "top_k": 0, "top_p": 1.0}
+        with torch.no_grad():
+            out = self.model.generate(input_ids=inputs, attention_mask=torch.ones_like(inputs), do_sample=not greedy,
+                                      max_new_tokens=self.max_new_tokens, pad_token_id=tok.pad_token_id,
+                                      eos_token_id=tok.eos_token_id, output_scores=True,
+                                      return_dict_in_generate=True, **sampling)
+        ids = out.sequences[0, len(prompt_ids):]
+        # `scores` are the processed logits each token was drawn from (temperature applied).
+        scores = torch.stack(out.scores[:len(ids)], dim=0)[:, 0, :].float()
+        logprobs = torch.log_softmax(scores, dim=-1).gather(1, ids[:, None])[:, 0]
+        return ids.tolist(), logprobs.tolist()
+
+    def parse(self, prompt_ids: list[int], ids: list[int],
+              tools: list[dict[str, Any]]) -> tuple[str, list[ToolCallRequest]]:
+        """(content, tool calls) through the template's response parser; tool-call blocks it rejects
+        are salvaged as malformed calls, so the harness answers them instead of losing them."""
+        from trl.chat_template_utils import parse_response
+
+        parsed = parse_response(self.tokenizer, ids, prefix=prompt_ids, tools=tools or None)
+        calls = []
+        for i, call in enumerate(parsed.get("tool_calls") or []):
+            fn = call.get("function", call)
+            calls.append(ToolCallRequest(id=f"call_{self.turn}_{i}", name=str(fn.get("name") or ""),
+                                         arguments=parse_arguments(fn.get("arguments"))))
+        content = str(parsed.get("content") or "")
+        if not calls:
+            raw = self.tokenizer.decode(ids, skip_special_tokens=False)
+            if "<tool_call>" in raw:
+                end = self.tokenizer.eos_token or ""
+                content, calls = salvage_tool_calls(raw.replace(end, ""), f"call_{self.turn}")
+        return content, calls
+
+
+def context_length(model: Any, tokenizer: Any) -> int:
+    """The model's usable context: its position limit, or the tokenizer's when that is smaller and sane."""
+    limit = getattr(model.config, "max_position_embeddings", None) or 4096
+    declared = getattr(tokenizer, "model_max_length", None)
+    if isinstance(declared, int) and 0 < declared < limit:
+        limit = declared
+    return int(limit)

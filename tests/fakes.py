@@ -1,0 +1,87 @@
+"""Shared fixtures for episode tests that must not train: a fake executor with canned JobResults,
+and a scripted policy that reports usage like an LLM would."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+import ait.harness.episode as episode_mod
+from ait.harness.types import EpisodeConfig, Message, ToolCallRequest
+from ait.job.types import Job, JobResult
+from ait.metering import Usage
+from ait.spec import TaskSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK = ROOT / "examples" / "tasks" / "calc_chain.json"
+
+
+def ok_result(post: float = 0.6, pre: float = 0.3, dev: float | None = None, train_seconds: float = 100.0,
+              gpus: float | None = None) -> Callable[[Job], JobResult]:
+    return lambda job: JobResult(job_id=job.job_id, ok=True, base_model=job.config.job.base_model, pre=pre, post=post,
+                                 dev=dev, eval_n=200, train_seconds=train_seconds, total_seconds=train_seconds + 20,
+                                 gpus=gpus, checkpoint=str(Path(job.run_dir) / "job" / "checkpoint"))
+
+
+def fake_executor(monkeypatch: pytest.MonkeyPatch, *makers: Callable[[Job], JobResult]) -> list[Job]:
+    """Replace the executor: the n-th job gets the n-th maker's result (the last one repeats).
+    Returns the list every job run is appended to."""
+    ran: list[Job] = []
+
+    class Fake:
+        def run(self, job: Job) -> JobResult:
+            ran.append(job)
+            return makers[min(len(ran), len(makers)) - 1](job)
+
+    monkeypatch.setattr(episode_mod, "make_executor", lambda config: Fake())
+    return ran
+
+
+_PROBES: dict[tuple[str, str], Any] = {}
+
+
+def memo_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the real probe once per distinct (job.toml, env.py) in the session: these tests submit the
+    same reference job many times and are about what happens after the verdict, not the verdict."""
+    real = episode_mod.probe_workspace
+
+    def probe(workspace: Path, spec: TaskSpec, timeout_s: float):
+        key = ((workspace / "job.toml").read_text(), (workspace / "env.py").read_text())
+        if key not in _PROBES:
+            _PROBES[key] = real(workspace, spec, timeout_s=timeout_s)
+        return _PROBES[key]
+
+    monkeypatch.setattr(episode_mod, "probe_workspace", probe)
+
+
+def call(name: str, arguments: dict[str, Any] | str | None = None) -> ToolCallRequest:
+    return ToolCallRequest(id="x", name=name, arguments={} if arguments is None else arguments)
+
+
+class Priced:
+    """Plays one list of tool calls per turn, each reply carrying `usage` (then stops talking);
+    records every conversation it was shown."""
+
+    name = "priced"
+
+    def __init__(self, turns: list[list[ToolCallRequest]], usage: Usage | list[Usage]):
+        self.turns, self.usage = turns, usage
+
+    def reset(self, spec: TaskSpec) -> None:
+        self.step = 0
+        self.seen: list[list[Message]] = []
+
+    def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
+        self.seen.append(list(messages))
+        self.step += 1
+        usage = self.usage[self.step - 1] if isinstance(self.usage, list) else self.usage
+        if self.step > len(self.turns):
+            return Message(role="assistant", content="done", usage=usage)
+        calls = [c.model_copy(update={"id": f"t{self.step}-{j}"}) for j, c in enumerate(self.turns[self.step - 1])]
+        return Message(role="assistant", tool_calls=calls, usage=usage)
+
+
+def quick(**kw: Any) -> EpisodeConfig:
+    return EpisodeConfig(max_nudges=0, **kw)

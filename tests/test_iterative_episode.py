@@ -1,0 +1,136 @@
+"""Iterative episodes (max_jobs > 1): the agent runs several jobs, sees only dev scores between them,
+and the episode is scored on its best job by hidden post."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from fakes import TASK, fake_executor, memo_probe, ok_result
+
+from ait.evals.baselines import BaselineStore
+from ait.harness.episode import run_episode
+from ait.harness.types import EpisodeConfig, EpisodeResult, StopReason
+from ait.job.types import FailReason, Job, JobResult
+from ait.policy.reference import ReferencePolicy
+from ait.spec import load_spec
+from ait.train.tiny import tiny_model_path
+
+# Hidden numbers chosen so that any rendering of them ("0.4123", "0.412", "41.2") is unmistakable.
+LOW, HIGH, PRE = 0.4123, 0.5871, 0.1357
+
+
+class Watching(ReferencePolicy):
+    """The reference policy, recording every conversation it was shown."""
+
+    def reset(self, spec):
+        super().reset(spec)
+        self.seen: list[str] = []
+
+    def act(self, messages, tools):
+        self.seen.extend(m.content for m in messages)
+        return super().act(messages, tools)
+
+
+@pytest.fixture(autouse=True)
+def _probe_once(monkeypatch) -> None:
+    memo_probe(monkeypatch)
+
+
+def run(tmp_path: Path, policy, config: EpisodeConfig, task: Path = TASK) -> EpisodeResult:
+    return run_episode(load_spec(task), task, policy, config, runs_dir=tmp_path / "runs",
+                       baselines=BaselineStore(tmp_path / "b.json"))
+
+
+def assert_hidden_never_shown(seen: list[str]) -> None:
+    text = "\n".join(seen)
+    for x in (LOW, HIGH, PRE):
+        for shown in (f"{x}", f"{x:.3f}", f"{x:.2f}", f"{100 * x:.1f}"):
+            assert shown not in text, f"hidden score {x} reached the agent as {shown!r}"
+
+
+@pytest.mark.parametrize("first,second,best", [
+    ((LOW, 0.25), (HIGH, 0.50), 1),   # the refined job is better: it is kept
+    ((HIGH, 0.25), (LOW, 0.75), 0),   # dev prefers the second, hidden prefers the first: hidden decides
+], ids=["second-better", "first-better-by-hidden"])
+def test_reference_policy_runs_two_jobs_and_the_best_is_scored(tmp_path, monkeypatch, first, second, best) -> None:
+    ran = fake_executor(monkeypatch, ok_result(post=first[0], dev=first[1], pre=PRE),
+                        ok_result(post=second[0], dev=second[1], pre=PRE))
+    policy = Watching()
+    result = run(tmp_path, policy, EpisodeConfig(max_jobs=2))
+
+    assert result.stop_reason is StopReason.job_done
+    assert len(ran) == 2 and [r.attempt for r in result.jobs] == [1, 2]
+    assert ran[1].config.train.max_steps == 2 * ran[0].config.train.max_steps  # the refinement
+    assert Path(ran[0].run_dir) == Path(result.run_dir) and Path(ran[1].run_dir) == Path(result.run_dir) / "jobs" / "2"
+    assert result.best_job == best and result.job == result.jobs[best].result
+    assert result.reward.post == HIGH and result.reward.valid_attempt == 1 and result.reward.validation == 1.0
+    assert result.reward.uplift_term == pytest.approx((HIGH - PRE) / (1 - PRE))
+    assert [r.dev for r in result.jobs] == [first[1], second[1]]
+
+    # The agent saw each dev score, and no hidden one.
+    assert f"dev score {first[1]:.3f}" in "\n".join(policy.seen)
+    assert "1 more job(s) allowed" in "\n".join(policy.seen)
+    assert_hidden_never_shown(policy.seen)
+    assert_hidden_never_shown([(Path(result.run_dir) / "workspace" / f).read_text() for f in ("job.toml", "env.py")])
+
+    # The record: both jobs in the trajectory, the kept one at the top of the run directory.
+    run_dir = Path(result.run_dir)
+    jobs = [json.loads(x) for x in (run_dir / "trajectory.jsonl").read_text().splitlines()]
+    jobs = [e for e in jobs if e["kind"] == "job"]
+    assert [(e["attempt"], e["dev"], e["hidden_post"]) for e in jobs] == [(1, first[1], first[0]), (2, second[1], second[0])]
+    assert json.loads((run_dir / "job_result.json").read_text())["post"] == HIGH
+    assert json.loads((run_dir / "submissions" / "2" / "job_result.json").read_text())["post"] == second[0]
+    assert json.loads((run_dir / "episode.json").read_text())["best_job"] == best
+
+
+def test_one_job_by_default(tmp_path, monkeypatch) -> None:
+    ran = fake_executor(monkeypatch, ok_result(post=LOW, dev=0.3))
+    policy = Watching()  # would refine if the harness allowed it
+    result = run(tmp_path, policy, EpisodeConfig())
+    assert len(ran) == 1 and result.stop_reason is StopReason.job_done and result.best_job == 0
+    assert not any("dev score" in s or "more job" in s for s in policy.seen)
+
+
+def test_a_failed_job_then_a_good_one(tmp_path, monkeypatch) -> None:
+    def crash(job: Job) -> JobResult:
+        return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.oom, base_model="tiny", train_seconds=5.0)
+
+    fake_executor(monkeypatch, crash, ok_result(post=LOW, dev=0.2, pre=PRE))
+    policy = Watching()
+    result = run(tmp_path, policy, EpisodeConfig(max_jobs=3))
+    assert [r.result.ok for r in result.jobs] == [False, True] and result.best_job == 1
+    assert result.reward.post == LOW and result.reward.job_quality > 0
+    assert "failed: oom" in "\n".join(policy.seen)
+    assert result.stop_reason is StopReason.job_done  # the agent stopped after its second job
+
+
+def test_dev_eval_runs_when_the_job_reports_none(tmp_path, monkeypatch) -> None:
+    """The real dev eval process scores the checkpoint on the spec's dev examples, never the hidden set."""
+    def trained(job: Job) -> JobResult:
+        ckpt = Path(job.run_dir) / "job" / "checkpoint"
+        ckpt.mkdir(parents=True, exist_ok=True)
+        shutil.copy(tiny_model_path() / "model.safetensors", ckpt)
+        return JobResult(job_id=job.job_id, ok=True, base_model="tiny", pre=PRE, post=HIGH, eval_n=8,
+                         train_seconds=1.0, total_seconds=2.0, checkpoint=str(ckpt))
+
+    # A smaller copy of the task (two dev examples, short replies) keeps the real eval process quick.
+    data = json.loads(TASK.read_text())
+    data["dev_examples"] = data["dev_examples"][:2]
+    data["eval_format"]["max_new_tokens"] = 16
+    task = tmp_path / "calc_chain_small.json"
+    task.write_text(json.dumps(data))
+    fake_executor(monkeypatch, trained)
+    spec = load_spec(task)
+    policy = Watching(jobs=1)
+    result = run(tmp_path, policy, EpisodeConfig(max_jobs=2), task)
+    record = result.jobs[0]
+    assert record.dev is not None and 0.0 <= record.dev <= 1.0
+    assert f"on {len(spec.dev_examples)} public dev examples" in "\n".join(policy.seen)
+    report = json.loads((Path(result.run_dir) / "job" / "dev_eval.json").read_text())
+    assert report["dev"] == record.dev and report["dev_n"] == len(spec.dev_examples)
+    assert report["n"] == 0 and report["pre"] is None and report["post"] is None and report["samples"] == []
+    assert record.cost.wall_s > 2.0  # the dev eval's time is charged to the job
+    assert_hidden_never_shown(policy.seen)
