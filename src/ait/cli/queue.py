@@ -24,18 +24,18 @@ def open_queue(path: Path):
     from ait.queue import JobQueue, QueueError
 
     if not path.is_file():
-        fail(escape(f"no queue at {path}: pass --queue PATH "
-                    "(the file `ait worker` and `ait episode --executor queue` use)"))
+        fail(f"no queue at {path}: pass --queue PATH "
+                    "(the file `ait worker` and `ait episode --executor queue` use)")
     try:
         return JobQueue(path)
     except QueueError as e:
-        fail(escape(str(e)))
+        fail(str(e))
 
 
 def _entry_or_fail(q, job_id: str):
     entry = q.get(job_id)
     if entry is None:
-        fail(escape(f"no job {job_id!r} in {q.path} (see `ait queue ls`)"))
+        fail(f"no job {job_id!r} in {q.path} (see `ait queue ls`)")
     return entry
 
 
@@ -50,7 +50,7 @@ def _states(values: list[str] | None) -> list[str]:
     try:
         return [JobState(v).value for v in values or []]
     except ValueError:
-        fail(escape(f"unknown state in {values}; states are {[s.value for s in JobState]}"))
+        fail(f"unknown state in {values}; states are {[s.value for s in JobState]}")
 
 
 @app.command("ls")
@@ -114,7 +114,7 @@ def retry(job_id: str = typer.Argument(..., help="A failed or dead job's id."), 
     q = open_queue(queue)
     entry = _entry_or_fail(q, job_id)
     if not q.retry(job_id):
-        fail(escape(f"job {job_id!r} is {entry.state.value}; only failed or dead jobs can be retried"))
+        fail(f"job {job_id!r} is {entry.state.value}; only failed or dead jobs can be retried")
     console.print(f"job {escape(job_id)} queued again (attempts reset)")
 
 

@@ -35,7 +35,7 @@ def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite qu
     from ait.queue import JobQueue, QueueError
 
     if executor not in ("local", "ray"):
-        fail(escape(f"--executor must be local or ray, not {executor!r}"))
+        fail(f"--executor must be local or ray, not {executor!r}")
     try:
         q = JobQueue(queue, lease_s=lease, max_attempts=max_attempts)
         if executor == "ray":
@@ -48,7 +48,7 @@ def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite qu
                 raise ValueError("--gpus all: no GPU is visible here (CUDA_VISIBLE_DEVICES or torch)")
             launcher = LocalLauncher(slot_envs(slots, gpu_ids, jobs_per_gpu))
     except (QueueError, ValueError, RuntimeError, ConnectionError) as e:
-        fail(escape(str(e)))  # escaped: "pip install 'ait[ray]'" is not rich markup
+        fail(str(e))  # fail() prints literally: "pip install 'ait[ray]'" is not rich markup
     options = WorkerOptions(once=once, idle_exit_s=idle_exit, poll_s=poll, drain_timeout_s=drain_timeout)
     err.print(f"worker on {q.path} ({launcher.describe()}); logs in {q.path.parent / 'logs'}", highlight=False)
 
