@@ -93,3 +93,16 @@ def test_episode_refuses_to_start_without_isolation_and_records_the_override(tmp
     result = run_episode(load_spec(spec_path), spec_path, Silent(), EpisodeConfig(max_nudges=0), runs_dir=tmp_path)
     manifest = json.loads((__import__("pathlib").Path(result.run_dir) / "manifest.json").read_text())
     assert manifest["sandbox"]["unsafe_no_sandbox"] is True
+
+
+def test_sandboxed_run_gets_its_own_network_and_ipc_namespaces(tmp_path):
+    import os
+
+    if not detect_mod.cached_capabilities().active("namespaces"):
+        pytest.skip("namespaces unavailable here")
+    code = "import os\nprint(os.readlink('/proc/self/ns/net'), os.readlink('/proc/self/ns/ipc'))"
+    outcome = run_untrusted(["-c", code], cwd=tmp_path, timeout_s=30, log_path=tmp_path / "log",
+                            policy=SandboxPolicy(write=[str(tmp_path)]))
+    inside = outcome.log_tail.split()
+    assert outcome.returncode == 0 and len(inside) == 2, outcome.log_tail
+    assert inside[0] != os.readlink("/proc/self/ns/net") and inside[1] != os.readlink("/proc/self/ns/ipc")

@@ -15,15 +15,16 @@ import sys
 from ait.sandbox import cgroup
 from ait.sandbox.types import Capabilities, Layer
 
-DETECTOR_VERSION = 3  # bump when layers change, so cached detections are redone
+DETECTOR_VERSION = 4  # bump when layers change, so cached detections are redone
 
 
 
 def _try_in_child() -> dict[str, str]:
     """Run in a throwaway process: apply each layer and see it bite. Returns name -> detail ('' = works)."""
-    from ait.sandbox import caps, landlock, seccomp
+    from ait.sandbox import caps, landlock, namespaces, seccomp
 
     out: dict[str, str] = {}
+    out["namespaces"] = namespaces.works()  # before seccomp, which refuses unshare
     abi = landlock.abi_version()
     out["landlock"] = f"ABI {abi}" if abi else "kernel has no Landlock (needs Linux >= 5.13 with landlock in the LSM list)"
     try:
@@ -51,6 +52,7 @@ def detect() -> Capabilities:
     abi = int(abi_detail.split()[1]) if landlock_ok else 0
     root = os.geteuid() == 0
     groups = cgroup.available()
+    ns_problem = tried.get("namespaces", "detection failed")
     layers = [
         Layer(name="session", active=True, isolating=False,
               detail="own session and process group, killed as a group on timeout; parent-death signal"),
@@ -72,16 +74,11 @@ def detect() -> Capabilities:
                                                                  ("memory limit (v1)", groups["memory_v1"]),
                                                                  ("cgroup.kill (v2)", groups["v2_kill"])) if ok))
               if any(groups.values()) else "no writable cgroup hierarchy: RLIMIT_NPROC and group kill instead"),
-        Layer(name="namespaces", active=False, isolating=True,
-              detail="bubblewrap not used: not installed" if not _which("bwrap") else "bubblewrap found but not wired in"),
+        Layer(name="namespaces", active=not ns_problem, isolating=True,
+              detail="private network (no interfaces), IPC and hostname via unshare(2)"
+              + ("" if root else " in a user namespace") if not ns_problem else ns_problem),
     ]
     return Capabilities(kernel=platform.release(), detector=DETECTOR_VERSION, layers=layers)
-
-
-def _which(name: str) -> str | None:
-    import shutil
-
-    return shutil.which(name)
 
 
 def cached_capabilities(refresh: bool = False) -> Capabilities:

@@ -76,6 +76,10 @@ def apply(plan: LaunchPlan) -> None:
     for group in plan.cgroups:
         Path(group, "cgroup.procs").write_text(str(os.getpid()))
     set_limits(plan)
+    if "namespaces" in plan.layers:  # before capabilities are dropped: as root, unshare needs them
+        from ait.sandbox import namespaces
+
+        namespaces.enter()
     if "capabilities" in plan.layers:
         caps.drop_all()
     if "landlock" in plan.layers:
