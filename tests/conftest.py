@@ -13,6 +13,10 @@ os.environ["AIT_HOME"] = _HOME
 os.environ.pop("AIT_HIDDEN_SEED", None)
 os.environ.pop("AIT_BASELINES", None)
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+# Ray reads these when it is first imported (any test may import it first): a private Ray
+# binds and advertises loopback only, and reports no usage.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
 @pytest.fixture(scope="session")

@@ -35,8 +35,8 @@ def ray():
     ray = pytest.importorskip("ray")
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths have a length limit
     # Two GPUs declared on a CPU machine: Ray schedules and assigns them like real ones.
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, _temp_dir=temp, log_to_driver=False,
-             _node_ip_address="127.0.0.1")
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, _temp_dir=temp,
+             log_to_driver=False, _node_ip_address="127.0.0.1")
     # The job functions below live in this test module, which Ray's workers cannot import.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     yield ray

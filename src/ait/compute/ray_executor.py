@@ -56,8 +56,9 @@ def init_ray(address: str | None = None, **local_options: Any) -> Any:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         ray = import_ray()
         if not ray.is_initialized():
-            ray.init(log_to_driver=False, **{"include_dashboard": False, "_node_ip_address": "127.0.0.1",
-                                             **local_options})
+            # address="local": always a new private instance, never a cluster some other process left running
+            ray.init(address="local", log_to_driver=False,
+                     **{"include_dashboard": False, "_node_ip_address": "127.0.0.1", **local_options})
         return ray
 
 
