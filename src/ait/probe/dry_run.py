@@ -22,8 +22,11 @@ def load(model_path: str):
     if model_path not in _LOADED:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
         from ait.evals.rollout import prepare_tokenizer
+
+        hf_logging.disable_progress_bar()
 
         tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(model_path))
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
