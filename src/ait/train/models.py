@@ -7,7 +7,6 @@ never pickled weights or remote code) into the HF cache.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -56,13 +55,3 @@ def _download(repo_id: str) -> str:
             "download it elsewhere and pass its local directory instead"
         ) from None
 
-
-def weights_digest(path: str | Path) -> str:
-    """sha256 over the model's safetensors files (names and bytes), for the job record."""
-    h = hashlib.sha256()
-    for f in sorted(Path(path).glob("*.safetensors")):
-        h.update(f.name.encode())
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()[:16]
