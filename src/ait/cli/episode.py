@@ -24,6 +24,8 @@ def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path
             ray_address: Optional[str] = typer.Option(None, help="Ray cluster address (with --executor ray)."),
             config: Optional[Path] = typer.Option(None, help="EpisodeConfig TOML."),
             eval_size: Optional[int] = typer.Option(None, help="Hidden examples to score (default: the spec's)."),
+            base_model: Optional[str] = typer.Option(None, help="Base model the reference policy trains (one the "
+                                                     "task allows, e.g. smollm2-135m)."),
             runs_dir: Optional[Path] = typer.Option(None, help="Where runs/<id>/ goes (default ./runs or AIT_RUNS)."),
             as_json: bool = typer.Option(False, "--json", help="Print the EpisodeResult as JSON.")) -> None:
     """Run one episode end to end: the agent writes a job, it is probed, trained, evaluated, rewarded."""
@@ -46,6 +48,15 @@ def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path
         cfg = EpisodeConfig.model_validate({**cfg.model_dump(), **overrides})
         load_prices(cfg.prices_path)  # a broken price file fails here, not mid-episode
         agent = make_policy(policy, base_url=base_url, temperature=temperature)
+        if base_model is not None:
+            from ait.policy.reference import ReferencePolicy
+
+            if not isinstance(agent, ReferencePolicy):
+                raise ValueError("--base-model picks the reference policy's model; an LLM policy chooses its own")
+            if base_model not in spec.constraints.allowed_base_models:
+                raise ValueError(f"--base-model {base_model!r} is not allowed by {spec.id}; choose one of "
+                                 f"{spec.constraints.allowed_base_models}")
+            agent.base_model = agent.settings["base_model"] = base_model
         make_executor(cfg)  # fail now, not mid-episode, if the executor cannot start (e.g. Ray missing)
     except (ConfigError, ValueError, RuntimeError) as e:
         fail(str(e))

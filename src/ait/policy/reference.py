@@ -42,10 +42,12 @@ def more_steps(job_toml: str, cap: int) -> str | None:
 class ReferencePolicy:
     name = "reference"
 
-    def __init__(self, jobs: int = 2):
+    def __init__(self, jobs: int = 2, base_model: str | None = None):
         self.jobs = jobs
         """Most jobs to run when the harness allows several (1 = never refine)."""
-        self.settings = {"jobs": jobs}
+        self.base_model = base_model
+        """Base model to write into job.toml (None: the reference job's, or the task's first allowed)."""
+        self.settings = {"jobs": jobs, **({"base_model": base_model} if base_model else {})}
 
     def reset(self, spec: TaskSpec) -> None:
         self.step = 0
@@ -95,8 +97,9 @@ class ReferencePolicy:
         self.max_steps = int(task["constraints"]["max_steps"])
         allowed = task["constraints"]["allowed_base_models"]
         match = re.search(r'^base_model\s*=\s*"([^"]*)"', self.job["job.toml"], re.MULTILINE)
-        if match and match.group(1) not in allowed:
-            self.job["job.toml"] = self.job["job.toml"].replace(match.group(0), f'base_model = "{allowed[0]}"')
+        if match and (self.base_model or match.group(1) not in allowed):
+            model = self.base_model or allowed[0]
+            self.job["job.toml"] = self.job["job.toml"].replace(match.group(0), f'base_model = "{model}"')
         return self._call("get_baseline_scores", {}, content=f"Family {task['family']}: writing the reference job.")
 
     def _write(self, name: str) -> Message:

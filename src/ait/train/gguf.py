@@ -1,0 +1,131 @@
+"""GGUF files as base models: dequantised once, cached as a safetensors model directory.
+
+transformers reads the GGUF (architecture, tokenizer, chat template, tensors) and
+dequantises it; the result is saved as a plain model directory (config.json,
+generation_config.json, tokenizer files with the chat template, model.safetensors) under
+AIT_HOME/models/gguf-<sha256 of the file>-<converter version>. Every later resolution of
+the same file is a directory lookup: no GGUF parsing, no `gguf` package needed.
+
+Weights are saved in float32 when any matrix is quantised: dequantised values (a 4 to 8
+bit code times an fp16 scale, plus an fp16 offset) are exact in float32 but bfloat16
+would round them a second time, and float32 keeps CPU training in full precision (the
+trainer loads CPU models in their saved dtype; GPU paths cast to bfloat16 at load
+anyway). The cost is disk: 4 bytes a parameter (0.5 GB for a 135M model, 2 GB for
+0.5B). A GGUF whose matrices are all BF16 (unquantised) is saved in bfloat16: lossless.
+
+Concurrent resolvers take a lock file, convert into a temporary directory and rename it
+into place, so a reader never sees a half-written model.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ait.home import models_dir
+from ait.train.models import ModelResolutionError
+
+CONVERTER = "v1"
+"""Part of the cache key: bump it when the conversion changes, so old caches are not reused."""
+META = "ait_gguf.json"
+"""Written last into a converted directory: its presence marks a complete conversion."""
+conversions = 0
+"""Dequantisations this process ran (tests read it to prove cache hits)."""
+
+
+def cache_dir(sha256: str) -> Path:
+    return models_dir() / f"gguf-{sha256[:24]}-{CONVERTER}"
+
+
+def dequantised_dir(gguf_path: Path, sha256: str) -> Path:
+    """The safetensors directory for a GGUF file whose content hash is `sha256`, converting once."""
+    dest = cache_dir(sha256)
+    if (dest / META).is_file():
+        return dest
+    with open(models_dir() / f".{dest.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one converter per file; the others wait, then hit the cache
+        if (dest / META).is_file():
+            return dest
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=models_dir()))
+        try:
+            convert(gguf_path, tmp, sha256)
+            os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the cache from other users of AIT_HOME
+            if dest.exists():  # an incomplete directory (no META): never produced by the rename below
+                shutil.rmtree(dest)
+            os.rename(tmp, dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def read_metadata(gguf_path: Path) -> dict:
+    """Architecture, chat template and the type of every matrix, read with the `gguf` package."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise ModelResolutionError(f"reading GGUF file {gguf_path} needs the 'gguf' package: "
+                                   "pip install 'ait[gguf]'") from None
+    try:
+        reader = GGUFReader(str(gguf_path))
+    except (OSError, ValueError, KeyError, IndexError) as e:  # not GGUF, truncated, corrupt
+        raise ModelResolutionError(f"{gguf_path} is not a readable GGUF file ({type(e).__name__}: {e})") from None
+
+    def text(key: str) -> str | None:
+        field = reader.fields.get(key)
+        return None if field is None or not field.data else bytes(field.parts[field.data[0]]).decode()
+
+    return {"architecture": text("general.architecture"), "chat_template": text("tokenizer.chat_template"),
+            "matrix_types": sorted({t.tensor_type.name for t in reader.tensors if len(t.shape) >= 2})}
+
+
+def convert(gguf_path: Path, dest: Path, sha256: str) -> None:
+    """Dequantise `gguf_path` into `dest` (config, tokenizer with chat template, model.safetensors)."""
+    global conversions
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start = time.monotonic()
+    meta = read_metadata(gguf_path)
+    if not meta["chat_template"]:
+        raise ModelResolutionError(f"{gguf_path} carries no chat template (tokenizer.chat_template) in its "
+                                   "metadata; jobs and the hidden eval need one to render tool-calling turns")
+    dtype = torch.bfloat16 if meta["matrix_types"] == ["BF16"] else torch.float32
+    print(f"ait: dequantising {gguf_path.name} once ({', '.join(meta['matrix_types'])} -> {dtype}); "
+          f"cached in {cache_dir(sha256)}", file=sys.stderr)
+    where, name = str(gguf_path.parent), gguf_path.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
+    except Exception as e:  # e.g. an architecture transformers cannot load: the job fails, never the worker
+        raise ModelResolutionError(f"transformers cannot load {gguf_path} "
+                                   f"(architecture {meta['architecture']!r}): {e}") from None
+    model.config.__dict__.pop("quantization_config", None)  # plain weights now: nothing left to dequantise
+    model.hf_quantizer = None
+    model.to(dtype)
+    model.config.dtype = dtype
+    tokenizer.chat_template = meta["chat_template"]
+    model.save_pretrained(dest, safe_serialization=True)
+    tokenizer.save_pretrained(dest)
+
+    reloaded = AutoTokenizer.from_pretrained(dest)
+    if reloaded.chat_template != meta["chat_template"]:
+        raise ModelResolutionError(f"the chat template of {gguf_path} did not survive saving the tokenizer")
+    if not list(dest.glob("*.safetensors")):
+        raise ModelResolutionError(f"converting {gguf_path} wrote no *.safetensors file")
+    conversions += 1
+    record = {"gguf": str(gguf_path), "sha256": sha256, "converter": CONVERTER,
+              "dtype": str(dtype).removeprefix("torch."), "architecture": meta["architecture"], "matrix_types": meta["matrix_types"],
+              "seconds": round(time.monotonic() - start, 2), "transformers": _version("transformers")}
+    (dest / META).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import version
+
+    return version(dist)
