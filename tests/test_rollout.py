@@ -6,7 +6,6 @@ import json
 import random
 
 import pytest
-import torch
 from transformers import AutoTokenizer
 
 from ait.evals.rollout import final_response, parse_reply, prepare_tokenizer, run_conversations
@@ -28,18 +27,13 @@ def test_tool_calls_in_a_reply_are_parsed():
 
 
 class ScriptedModel:
-    """Stands in for a causal LM: emits the gold tool calls, then the answer, as token ids."""
+    """Stands in for a causal LM's generator: emits the gold tool calls, then the answer, as token ids."""
 
     def __init__(self, tok, replies):
-        self.tok, self.replies, self.device = tok, iter(replies), torch.device("cpu")
+        self.tok, self.replies = tok, iter(replies)
 
-    def generate(self, input_ids, attention_mask, max_new_tokens, **kwargs):
-        rows = []
-        for _ in range(input_ids.shape[0]):
-            ids = self.tok(next(self.replies), add_special_tokens=False)["input_ids"]
-            rows.append(input_ids[0].tolist() + ids)
-        width = max(len(r) for r in rows)
-        return torch.tensor([r + [self.tok.pad_token_id] * (width - len(r)) for r in rows])
+    def __call__(self, prompts, max_new_tokens):
+        return [self.tok(next(self.replies), add_special_tokens=False)["input_ids"] for _ in prompts]
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -56,7 +50,7 @@ def test_a_model_that_calls_the_tools_gets_full_marks(name):
         assert len(trace) + 1 <= fmt.max_turns
         replies = [f"<tool_call>\n{json.dumps({'name': c.name, 'arguments': c.arguments})}\n</tool_call><|im_end|>"
                    for c in trace] + [f"Done.\nAnswer: {example.answer}<|im_end|>"]
-        convs = run_conversations(ScriptedModel(tok, replies), tok, family, fmt, [example])
+        convs = run_conversations(None, tok, family, fmt, [example], generate=ScriptedModel(tok, replies))
         tool_results = [m["content"] for m in convs[0] if m["role"] == "tool"]
         assert len(tool_results) == len(trace) and not any(r.startswith("error:") for r in tool_results), tool_results
         assert family.score(final_response(convs[0]), example.answer) == 1.0

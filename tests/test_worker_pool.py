@@ -223,7 +223,7 @@ def test_training_process_killed_from_outside_is_a_failed_result_with_a_reason(t
                                "--idle-exit", "60", "--poll", "0.05"], cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        train = _descendant(worker.pid, "ait.train.grpo")
+        train = _descendant(worker.pid, "ait.train.main")
         env = dict(kv.split("=", 1) for kv in Path(f"/proc/{train}/environ").read_text().split("\0") if "=" in kv)
         assert env["CUDA_VISIBLE_DEVICES"] == "3"  # the slot's GPU reached the job's process
         os.kill(train, signal.SIGKILL)
@@ -253,7 +253,7 @@ def test_episode_on_the_local_executor_survives_its_training_being_killed(tmp_pa
 
     def killer():
         try:
-            train = _descendant(os.getpid(), "ait.train.grpo", timeout=120)
+            train = _descendant(os.getpid(), "ait.train.main", timeout=120)
         except AssertionError:
             return
         os.kill(train, signal.SIGKILL)

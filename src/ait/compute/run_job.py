@@ -1,6 +1,6 @@
 """The job function every executor runs: train (untrusted) then hidden eval (trusted).
 
-    train process   python -m ait.train.grpo job.json        agent code, via the sandbox
+    train process   python -m ait.train.main req.json         agent code, via the sandbox
     eval process    python -m ait.evals.hidden_eval req.json  family code only, safetensors only
 
 A job that dies (OOM, crash, timeout, killed) yields a failed JobResult with a reason,
@@ -18,7 +18,7 @@ from pathlib import Path
 from ait.evals.hidden_eval import EvalReport, EvalRequest
 from ait.job.types import FailReason, Job, JobResult
 from ait.sandbox import Limits, RunOutcome, SandboxPolicy, run_process, run_untrusted
-from ait.train.grpo import EXIT_OOM, TrainOutput, TrainRequest
+from ait.train.request import EXIT_OOM, TrainOutput, TrainRequest
 from ait.train.models import ModelResolutionError, resolve_base_model
 
 EVAL_TIMEOUT_S = 3600.0
@@ -62,15 +62,16 @@ def run_job(job: Job, extra_env: dict[str, str] | None = None) -> JobResult:
     except ModelResolutionError as e:
         return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.crash, error=str(e),
                          base_model=job.config.job.base_model)
-    request = TrainRequest(job=job, base_model_path=base_model.path)
+    request = TrainRequest(job=job, base_model_path=base_model.path, trainer=job.trainer)
     request_path = job_dir / "train_request.json"
     request_path.write_text(request.model_dump_json(indent=2))
-    outcome = run_untrusted(["-m", "ait.train.grpo", str(request_path)], cwd=job_dir,
+    outcome = run_untrusted(["-m", "ait.train.main", str(request_path)], cwd=job_dir,
                             timeout_s=job.time_budget_s * job.kill_factor, log_path=job_dir / "train.log",
                             policy=train_policy(job, base_model.path, job_dir, extra_env), env=extra_env)
     # The worker's clock, not the job's own report, is what the speed term uses.
     train_seconds = outcome.seconds
-    base = dict(job_id=job.job_id, base_model=job.config.job.base_model, train_seconds=train_seconds)
+    base = dict(job_id=job.job_id, base_model=job.config.job.base_model, train_seconds=train_seconds,
+                base_model_source=base_model.source, base_model_sha256=base_model.sha256)
     if outcome.timed_out or outcome.returncode != 0:
         reason = classify_failure(outcome)
         detail = f"training timed out after {outcome.seconds:.0f}s" if outcome.timed_out else \

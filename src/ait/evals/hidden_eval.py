@@ -37,8 +37,8 @@ class EvalRequest(BaseModel):
     """Hidden examples to score; None = the spec's hidden_eval_size."""
     run_pre: bool = True
     """Also score the base weights."""
-    batch_size: int = 32
-    """Conversations generated together."""
+    batch_size: int = 256
+    """Conversations generated together (one static-cache batch; CUDA-graph replayed on a GPU)."""
     hidden: bool = True
     """Score the hidden set (False: dev examples only, for a result the agent may see)."""
     dev: bool = False

@@ -2,7 +2,7 @@
 
 Only the family's own tools run here (never agent code). Each turn renders every
 unfinished conversation with the model's chat template (tools included), generates
-greedily with a KV cache, parses tool calls, and executes them against the example's
+greedily (ait.train.decode: static KV cache, CUDA graphs on a GPU), parses tool calls, and executes them against the example's
 world. A conversation finishes when the model answers without a tool call or the
 turn budget runs out.
 """
@@ -12,38 +12,51 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import torch
-
 from ait.families import Example, Family, ToolCall
 from ait.families.base import call_bound
 from ait.spec import EvalFormat
 
 
 def prepare_tokenizer(tokenizer):
-    """Left padding and TRL's response parser for known chat templates (tool-call parsing)."""
+    """Left padding, and a chat template whose tool calls TRL's response parser can read.
+
+    A ChatML model whose own template cannot carry tools (SmolLM2) or is not one TRL knows
+    (a GGUF copy of Qwen2.5's template with different whitespace) gets TRL's Qwen2.5 tool
+    template: the most common ChatML tool format, so tool definitions reach the model and
+    its `<tool_call>` blocks are parsed. Training, the probe and the hidden eval all come
+    through here, so they always render the same prompts."""
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
-        from trl.chat_template_utils import add_response_schema
+    if getattr(tokenizer, "response_template", None) is not None or getattr(tokenizer, "response_schema", None) is not None:
+        return tokenizer
+    from trl.chat_template_utils import add_response_schema, qwen2_5_chat_template
 
-        try:
-            add_response_schema(tokenizer)
-        except ValueError:
-            pass  # unknown template: replies are read as plain text (no tool calls)
-    return tokenizer
+    try:
+        add_response_schema(tokenizer)
+        return tokenizer
+    except ValueError:
+        pass
+    vocab = tokenizer.get_vocab()
+    if "<|im_start|>" in vocab and "<|im_end|>" in vocab:
+        tokenizer.chat_template = qwen2_5_chat_template
+        add_response_schema(tokenizer)
+    return tokenizer  # otherwise: replies are read as plain text (no tool calls)
 
 
 def parse_reply(tokenizer, ids: list[int], text: str, prefix: list[int]) -> tuple[str, list[ToolCall]]:
     """(content, tool calls) of one generated reply; unparseable replies are plain text.
     `prefix` is the rendered prompt's token ids: the response template needs it to find
-    where the assistant turn starts (without it, tool calls come back as plain text)."""
+    where the assistant turn starts (without it, tool calls come back as plain text).
+    A reply that is nothing but a tool-call JSON object ({"name": ..., "arguments": {...}}),
+    bare or in a code fence, is a tool call too: small Qwen2.5-Coder models answer that way
+    instead of wrapping it in <tool_call> tags."""
     try:
         from trl.chat_template_utils import parse_response
 
         parsed = parse_response(tokenizer, ids, prefix=prefix)
     except Exception:
-        return text, []
+        parsed = {"content": text}
     calls = []
     for call in parsed.get("tool_calls") or []:
         fn = call.get("function", call)
@@ -55,28 +68,51 @@ def parse_reply(tokenizer, ids: list[int], text: str, prefix: list[int]) -> tupl
                 args = {}
         if isinstance(fn.get("name"), str) and isinstance(args, dict):
             calls.append(ToolCall(name=fn["name"], arguments=args))
-    return str(parsed.get("content") or ""), calls
+    content = str(parsed.get("content") or "")
+    if not calls and (bare := bare_tool_calls(content)):
+        return "", bare
+    return content, calls
 
 
-@torch.no_grad()
-def generate(model, tokenizer, prompts: list[str], max_new_tokens: int) -> list[tuple[list[int], list[int]]]:
-    """Greedy, batched; returns (prompt ids without padding, reply ids) per prompt."""
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None,
-                         top_k=None, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    pairs = []
-    width = enc["input_ids"].shape[1]
-    for prompt_row, mask_row, row in zip(enc["input_ids"].tolist(), enc["attention_mask"].tolist(),
-                                         out[:, width:].tolist()):
-        while row and row[-1] == tokenizer.pad_token_id:
-            row.pop()
-        pairs.append(([t for t, m in zip(prompt_row, mask_row) if m], row))
-    return pairs
+def bare_tool_calls(content: str) -> list[ToolCall]:
+    """Tool calls written as bare JSON: one object or a list of objects, each exactly
+    {"name": str, "arguments": object}, optionally in a ``` fence; [] for anything else."""
+    text = content.strip()
+    if text.startswith("```"):
+        text = text.split("\n", 1)[1] if "\n" in text else ""
+        text = text.rsplit("```", 1)[0] if text.rstrip().endswith("```") else text
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, ValueError):
+        return []
+    items = data if isinstance(data, list) else [data]
+    calls = []
+    for item in items:
+        if not (isinstance(item, dict) and set(item) == {"name", "arguments"} and isinstance(item["name"], str)
+                and isinstance(item["arguments"], dict)):
+            return []
+        calls.append(ToolCall(name=item["name"], arguments=item["arguments"]))
+    return calls
+
+
+class GreedyGenerator:
+    """Greedy batched generation through ait.train.decode (static KV cache; CUDA graphs on GPU)."""
+
+    def __init__(self, model, tokenizer):
+        from ait.train.decode import Decoder
+        from ait.train.rollouts import stop_ids
+
+        self.decoder = Decoder(model, stop_ids=stop_ids(tokenizer, model), pad_id=tokenizer.pad_token_id)
+
+    def __call__(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        return [s.ids for s in self.decoder.generate(prompts, max_new_tokens, temperature=0.0)]
 
 
 def run_conversations(model, tokenizer, family: Family, fmt: EvalFormat, examples: list[Example],
-                      batch_size: int = 32) -> list[list[dict[str, Any]]]:
-    """Roll out every example; returns each full conversation (system, user, assistant, tool...)."""
+                      batch_size: int = 256, generate=None) -> list[list[dict[str, Any]]]:
+    """Roll out every example; returns each full conversation (system, user, assistant, tool...).
+    `generate(prompt_ids_list, max_new_tokens) -> reply ids per prompt`; default: greedy on `model`."""
+    generate = generate or GreedyGenerator(model, tokenizer)
     tool_fns = family.tools(examples[0].world) if examples else []
     convs = [[{"role": "system", "content": fmt.system_prompt}, {"role": "user", "content": ex.prompt}]
              for ex in examples]
@@ -88,9 +124,10 @@ def run_conversations(model, tokenizer, family: Family, fmt: EvalFormat, example
         still_active = []
         for start in range(0, len(active), batch_size):
             batch = active[start:start + batch_size]
-            prompts = [tokenizer.apply_chat_template(convs[i], tools=tool_fns or None, tokenize=False,
-                                                     add_generation_prompt=True) for i in batch]
-            for i, (prompt_ids, ids) in zip(batch, generate(model, tokenizer, prompts, fmt.max_new_tokens)):
+            prompts = [tokenizer(tokenizer.apply_chat_template(convs[i], tools=tool_fns or None, tokenize=False,
+                                                               add_generation_prompt=True),
+                                 add_special_tokens=False)["input_ids"] for i in batch]
+            for i, prompt_ids, ids in zip(batch, prompts, generate(prompts, fmt.max_new_tokens)):
                 text = tokenizer.decode(ids, skip_special_tokens=True)
                 content, calls = parse_reply(tokenizer, ids, text, prompt_ids)
                 msg: dict[str, Any] = {"role": "assistant", "content": content}

@@ -158,6 +158,8 @@ class Job(BaseModel):
     """Multiple of the budget after which the job is killed (reason: timeout)."""
     eval_size: int | None = None
     """Override the hidden eval size (tests); None = the spec's hidden_eval_size."""
+    trainer: Literal["fast", "trl"] = "fast"
+    """Inner GRPO implementation: ait's fast trainer (default) or TRL's GRPOTrainer (the reference)."""
 
     @field_validator("run_dir", "workspace", "task_path")
     @classmethod
@@ -189,6 +191,10 @@ class JobResult(BaseModel):
     """Last lines of the failure, for the agent's and the user's eyes."""
     base_model: str | None = None
     """The base model trained."""
+    base_model_source: str | None = None
+    """Where its weights came from: tiny | local | huggingface | gguf | package (ait.train.models)."""
+    base_model_sha256: str | None = None
+    """Content hash of the base weights (a GGUF file's sha256, else over the *.safetensors files)."""
     pre: float | None = None
     """Hidden-eval score before training."""
     post: float | None = None

@@ -1,6 +1,6 @@
 """The sandbox launcher: runs first in the child, applies every layer, then execs the target.
 
-    python -m ait.sandbox.launch PLAN_JSON -- -m ait.train.grpo job.json
+    python -m ait.sandbox.launch PLAN_JSON -- -m ait.train.main req.json
 
 Order matters: join the pids cgroup and set rlimits while still privileged, drop
 capabilities, then Landlock and seccomp (both need no_new_privs, both survive exec).

@@ -5,43 +5,20 @@ only under the job directory: a safetensors checkpoint and `train_output.json`. 
 numbers are informational; the worker measures wall time itself and the hidden eval
 runs in a separate process that trusts nothing written here except tensors.
 
-    python -m ait.train.grpo TRAIN_REQUEST_JSON
+This is the reference implementation (`trainer = "trl"`); ait.train.fast_grpo is the
+default and is benchmarked against it (bench/inner_job.py). Entry: ait.train.main.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import BaseModel, Field
-
-from ait.job.env_loader import EnvSurface, call_reward, import_env, read_surface
+from ait.job.env_loader import import_env, read_surface
 from ait.job.types import Job, TrainConfig
-
-EXIT_OOM = 3  # the worker maps this exit status to FailReason.oom
-
-
-class TrainRequest(BaseModel):
-    job: Job
-    """The job to train."""
-    base_model_path: str
-    """Local directory of the base weights, resolved by the worker (trusted) before this process starts."""
-
-
-class TrainOutput(BaseModel):
-    checkpoint: str
-    """Directory holding the trained model.safetensors."""
-    train_seconds: float
-    """GRPO loop wall time as seen from inside (the worker keeps its own clock)."""
-    steps: int
-    """Optimizer steps completed."""
-    metrics: dict[str, float] = Field(default_factory=dict)
-    """Flat train/* metrics averaged over the run."""
+from ait.train.request import TrainOutput, build_rows, safe_reward
 
 
 def final_text(completion: Any) -> str:
@@ -64,14 +41,7 @@ def to_trl_reward(fn: Callable[..., Any], errors: dict[str, int]) -> Callable[..
         out = []
         for completion, gold, raw_info in zip(completions, answer, info):
             messages = completion if isinstance(completion, list) else [{"role": "assistant", "content": completion}]
-            try:
-                value = float(call_reward(fn, final_text(completion), gold, json.loads(raw_info), messages))
-                if not math.isfinite(value):
-                    raise ValueError("non-finite reward")
-            except Exception:
-                errors[name] = errors.get(name, 0) + 1
-                value = 0.0
-            out.append(min(1.0, max(0.0, value)))
+            out.append(safe_reward(fn, final_text(completion), gold, json.loads(raw_info), messages, errors))
         return out
 
     reward.__name__ = name
@@ -90,19 +60,6 @@ def rollout_env_class(env_class: type) -> type:
 
     RolloutEnv.__name__ = env_class.__name__
     return RolloutEnv
-
-
-def build_rows(surface: EnvSurface, train: TrainConfig) -> list[dict[str, Any]]:
-    rows = surface.build_dataset(train.dataset_size, train.seed)
-    return [
-        {
-            "prompt": [{"role": "system", "content": surface.system_prompt},
-                       {"role": "user", "content": str(r["prompt"])}],
-            "answer": str(r["answer"]),
-            "info": json.dumps(r.get("info") or {}),
-        }
-        for r in rows
-    ]
 
 
 def grpo_config(train: TrainConfig, out_dir: Path, reward_weights: list[float] | None):
@@ -154,9 +111,11 @@ def train(job: Job, base_model_path: str) -> TrainOutput:
     if surface is None:
         raise RuntimeError("env.py surface invalid: " + "; ".join(errors))
     train_cfg = job.config.train
-    tokenizer = AutoTokenizer.from_pretrained(base_model_path, padding_side="left")
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    from ait.evals.rollout import prepare_tokenizer
+
+    t_load = time.monotonic()
+
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(base_model_path))
     reward_errors: dict[str, int] = {}
     peft_config = None
     if train_cfg.lora is not None:
@@ -172,6 +131,7 @@ def train(job: Job, base_model_path: str) -> TrainOutput:
         environment_factory=rollout_env_class(surface.env_class),
         peft_config=peft_config,
     )
+    load_seconds = time.monotonic() - t_load
     start = time.monotonic()
     trainer.train()
     train_seconds = time.monotonic() - start
@@ -183,6 +143,11 @@ def train(job: Job, base_model_path: str) -> TrainOutput:
     model.save_pretrained(checkpoint, safe_serialization=True)
     metrics = summarize_log(trainer.state.log_history)
     metrics.update({f"train/reward_errors/{k}": float(v) for k, v in reward_errors.items()})
+    metrics.update({"train/load_seconds": load_seconds, "train/seconds": train_seconds})
+    import torch
+
+    if torch.cuda.is_available():
+        metrics["train/peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
     return TrainOutput(checkpoint=str(checkpoint), train_seconds=train_seconds,
                        steps=trainer.state.global_step, metrics=metrics)
 
@@ -199,24 +164,3 @@ def summarize_log(history: list[dict[str, Any]]) -> dict[str, float]:
         out["train/reward_first"] = float(steps[0]["reward"])
         out["train/reward_last"] = float(steps[-1]["reward"])
     return out
-
-
-def main(argv: list[str]) -> int:
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    request = TrainRequest.model_validate_json(Path(argv[0]).read_text())
-    job = request.job
-    try:
-        output = train(job, request.base_model_path)
-    except Exception as e:
-        import torch
-
-        if isinstance(e, torch.OutOfMemoryError):
-            print(f"ait: out of memory during training: {e}", file=sys.stderr)
-            return EXIT_OOM
-        raise
-    (Path(job.run_dir) / "job" / "train_output.json").write_text(output.model_dump_json(indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

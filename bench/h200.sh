@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The issue-7 measurements on the GPU machine, one stage per call (each fits one 10-minute call).
+#   bench/h200.sh calibrate | sidebyside FAMILY | pack FAMILY | uplift
+# Expects the staged GGUF files /root/stage/smol.gguf and /root/stage/qwen.gguf and the wheels in
+# /tmp/site (see ../shared/device/stage.sh); results go under $OUT. The hidden set's seed is fixed so
+# the committed baselines are reproducible: the same seed gives the same hidden examples anywhere.
+set -euo pipefail
+export PYTHONPATH=$PWD/src:/tmp/site AIT_HIDDEN_SEED=${AIT_HIDDEN_SEED:-20261129} AIT_HOME=/root/.ait
+mkdir -p "$AIT_HOME" "$OUT"
+printf '[models]\n"smollm2-135m" = "/root/stage/smol.gguf"\n"qwen2.5-coder-0.5b" = "/root/stage/qwen.gguf"\n' > "$AIT_HOME/models.toml"
+stage=$1; shift || true
+CAL=${CAL:-$( [ -f /root/stage/calibration.json ] && echo /root/stage/calibration.json || true )}
+case "$stage" in
+  calibrate)
+    python3 bench/calibrate.py --model qwen2.5-coder-0.5b --model smollm2-135m --n 200 \
+      --out "$OUT/calibration.json" --store "$OUT/baselines.json" 2>&1 | grep -v -E "Loading|Converting|Writing"
+    cp "$OUT/calibration.json" /root/stage/calibration.json ;;
+  sidebyside)
+    python3 bench/inner_job.py --model smollm2-135m --family "${1:-calc_chain}" --trainers fast,trl \
+      ${CAL:+--calibration $CAL} --json "$OUT/sidebyside.json" 2>&1 | tail -40 ;;
+  pack)
+    python3 bench/inner_job.py --model smollm2-135m --family "${1:-calc_chain}" --trainers fast --pack 1,8,2,4 \
+      ${CAL:+--calibration $CAL} --json "$OUT/pack.json" 2>&1 | tail -25 ;;
+  uplift)
+    python3 bench/inner_job.py --model qwen2.5-coder-0.5b --trainers fast --parallel --lr 5e-6,2e-5 \
+      --family calc_chain --family multi_hop --family string_pipeline --family ledger --family dispatch \
+      ${CAL:+--calibration $CAL} --json "$OUT/uplift.json" 2>&1 | tail -30 ;;
+  *) echo "unknown stage $stage" >&2; exit 2 ;;
+esac

@@ -1,0 +1,226 @@
+"""The standard inner job, timed: ait's fast GRPO trainer against TRL's default, side by side.
+
+    python bench/inner_job.py --model smollm2-135m [--family calc_chain ...] [--trainers fast,trl]
+    python bench/inner_job.py --model smollm2-135m --trainers fast --pack 1,2,4,8
+
+The standard job: the family's reference env.py, 30 GRPO steps x 64 rollouts (8 prompts x 8
+generations), up to 128 completion tokens, pre/post hidden eval on 200 examples. Each job
+runs for real through run_job (training inside the sandbox, then the trusted hidden eval).
+Prints the wall-time split (load, pre-eval, train, post-eval), seconds per GRPO step,
+generated tokens/s, peak GPU memory, pre/post/uplift, $/job at --usd-per-gpu-hour, and the
+TRL/fast ratio. --pack K runs K jobs at once on one GPU and prints aggregate jobs/hour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from ait.compute.local import LocalExecutor, slot_envs
+from ait.compute.run_job import run_job
+from ait.job.config import parse_job_config
+from ait.job.types import Job, JobResult
+
+ROOT = Path(__file__).resolve().parents[1]
+console = Console(width=max(120, Console().width))
+
+
+def standard_job(family: str, model: str, trainer: str, out: Path, args, seed: int = 0, tag: str = "",
+                 lr: float | None = None) -> Job:
+    ws = out / f"ws-{family}-{trainer}{tag}"
+    shutil.rmtree(ws, ignore_errors=True)
+    shutil.copytree(ROOT / "src" / "ait" / "policy" / "reference_jobs" / family, ws)
+    lora = f"\n[train.lora]\nr = {args.lora}\nlora_alpha = {2 * args.lora}\n" if args.lora else ""
+    text = f"""[job]
+base_model = "{model}"
+
+[train]
+max_steps = {args.steps}
+learning_rate = {lr or args.lr[0]}
+num_generations = {args.generations}
+prompts_per_step = {args.rollouts // args.generations}
+max_completion_length = {args.max_completion}
+max_tool_calling_iterations = {args.max_turns}
+temperature = 1.0
+dataset_size = 1024
+loss_type = "dapo"
+seed = {seed}
+{lora}"""
+    (ws / "job.toml").write_text(text)
+    task = task_path(family, out, args)
+    return Job(job_id=f"bench-{family}-{trainer}{tag}", run_dir=str(out / f"run-{family}-{trainer}{tag}"),
+               workspace=str(ws), task_path=str(task), config=parse_job_config(text, None),
+               time_budget_s=args.time_budget, eval_size=args.eval_n, trainer=trainer)
+
+
+def task_path(family: str, out: Path, args) -> Path:
+    """The family's example spec, or one at the difficulty bench/calibrate.py chose (--calibration)."""
+    task = ROOT / "examples" / "tasks" / f"{family}.json"
+    if not args.calibration:
+        return task
+    from ait.families import build_spec
+    from ait.spec import load_spec
+
+    chosen = json.loads(Path(args.calibration).read_text())["families"][family]["chosen"]["difficulty"]
+    spec = load_spec(task)
+    path = out / f"spec-{family}.json"
+    path.write_text(build_spec(family, task_id=spec.id, difficulty=chosen, constraints=spec.constraints)
+                    .model_dump_json(indent=2))
+    return path
+
+
+def figures(r: JobResult, args) -> dict:
+    m = r.metrics
+    steps = args.steps
+    train_s = m.get("train/seconds", r.train_seconds or 0.0)
+    tokens = m.get("train/generated_tokens_total")
+    if tokens is None and "train/completions/mean_length" in m:  # TRL logs a per-step mean length
+        tokens = m["train/completions/mean_length"] * args.rollouts * steps
+    total = r.total_seconds or 0.0
+    return {
+        "ok": r.ok, "error": (r.error or "")[-3000:] if not r.ok else None,
+        "load_s": m.get("train/load_seconds", 0.0) + m.get("eval/load_s", 0.0),
+        "pre_eval_s": m.get("eval/pre_s"), "train_s": train_s, "post_eval_s": m.get("eval/post_s"),
+        "total_s": total, "s_per_step": train_s / steps if steps else None,
+        "gen_tokens_per_s": (tokens / train_s) if tokens and train_s else None,
+        "peak_gpu_gb": m.get("train/peak_gpu_memory_gb"), "pre": r.pre, "post": r.post,
+        "uplift": (r.post - r.pre) if r.ok and r.pre is not None and r.post is not None else None,
+        "noise_2se": noise(r.pre, r.post, r.eval_n), "reward_first": m.get("train/reward_first"),
+        "reward_last": m.get("train/reward_last"), "usd_per_job": total / 3600 * args.usd_per_gpu_hour,
+    }
+
+
+def noise(pre: float | None, post: float | None, n: int | None) -> float | None:
+    """Two standard errors of a difference of two proportions on n examples each."""
+    if pre is None or post is None or not n:
+        return None
+    return 2 * math.sqrt((pre * (1 - pre) + post * (1 - post)) / n)
+
+
+def fmt(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def run_side_by_side(args, out: Path) -> dict:
+    rows = {}
+    several = len(args.lr) > 1
+    jobs = {f"{family}/{trainer}" + (f"/lr{lr:g}" if several else ""):
+            standard_job(family, args.model, trainer, out, args, tag=f"-lr{lr:g}" if several else "", lr=lr)
+            for family in args.family for trainer in args.trainers for lr in args.lr}
+    if args.parallel:  # uplift runs: every job at once on one GPU (timings are then not comparable)
+        executor = LocalExecutor(slot_envs(len(jobs), [args.gpu], jobs_per_gpu=len(jobs)))
+        results: dict[str, JobResult] = {}
+        threads = [threading.Thread(target=lambda k=k, j=j: results.update({k: executor.run(j)}))
+                   for k, j in jobs.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        rows = {k: figures(results[k], args) for k in jobs}
+    else:
+        for name, job in jobs.items():
+            console.print(f"[bold]{name}[/]: running the standard job on {args.model} ...")
+            rows[name] = figures(run_job(job), args)
+            console.print(json.dumps(rows[name]))
+    table = Table(title=f"standard job: {args.steps} steps x {args.rollouts} rollouts, <= {args.max_completion} "
+                        f"tokens, eval n={args.eval_n}, model {args.model}")
+    keys = ["load_s", "pre_eval_s", "train_s", "post_eval_s", "total_s", "s_per_step", "gen_tokens_per_s",
+            "peak_gpu_gb", "pre", "post", "uplift", "noise_2se", "usd_per_job"]
+    table.add_column("figure")
+    for name in rows:
+        table.add_column(name, justify="right")
+    for k in keys:
+        table.add_row(k, *[fmt(f[k]) for f in rows.values()])
+    console.print(table)
+    for family in args.family:
+        fast, trl = rows.get(f"{family}/fast"), rows.get(f"{family}/trl")  # single-lr runs
+        if fast and trl and fast["s_per_step"] and trl["s_per_step"]:
+            console.print(f"{family}: TRL default / fast seconds per GRPO step = "
+                          f"{trl['s_per_step'] / fast['s_per_step']:.2f}x; post {fmt(trl['post'])} (TRL) vs "
+                          f"{fmt(fast['post'])} (fast)")
+    return rows
+
+
+def run_pack(args, out: Path) -> dict:
+    results = {}
+    base = None
+    for k in args.pack:
+        executor = LocalExecutor(slot_envs(k, [args.gpu], jobs_per_gpu=k))
+        jobs = [standard_job(args.family[0], args.model, args.trainers[0], out, args, seed=i, tag=f"-k{k}-{i}")
+                for i in range(k)]
+        done: list[JobResult] = []
+        start = time.monotonic()
+        threads = [threading.Thread(target=lambda j=j: done.append(executor.run(j))) for j in jobs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.monotonic() - start
+        ok = sum(r.ok for r in done)
+        per_hour = ok / wall * 3600
+        base = base or per_hour
+        peak = max((r.metrics.get("train/peak_gpu_memory_gb") or 0.0) for r in done)
+        results[k] = {"jobs": k, "ok": ok, "wall_s": wall, "jobs_per_hour": per_hour, "vs_k1": per_hour / base,
+                      "usd_per_job": args.usd_per_gpu_hour / per_hour if per_hour else None,
+                      "peak_gpu_gb_per_job": peak, "posts": [r.post for r in done],
+                      "errors": [(r.error or "")[-300:] for r in done if not r.ok]}
+        console.print(json.dumps(results[k]))
+    table = Table(title=f"packing on GPU {args.gpu}: {args.family[0]} standard job, {args.model}")
+    for col in ("K", "ok", "wall s", "jobs/hour", "x K=1", "$/job"):
+        table.add_column(col, justify="right")
+    for k, r in results.items():
+        table.add_row(str(k), str(r["ok"]), fmt(r["wall_s"]), fmt(r["jobs_per_hour"]), fmt(r["vs_k1"]),
+                      fmt(r["usd_per_job"]))
+    console.print(table)
+    return results
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--family", action="append", help="repeatable; default calc_chain")
+    p.add_argument("--trainers", default="fast,trl", help="comma list of fast, trl")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--rollouts", type=int, default=64)
+    p.add_argument("--generations", type=int, default=8)
+    p.add_argument("--max-completion", type=int, default=128)
+    p.add_argument("--max-turns", type=int, default=4)
+    p.add_argument("--lr", default="1e-5", help="learning rate; a comma list runs one job per value")
+    p.add_argument("--lora", type=int, default=0, help="LoRA rank (0 = full fine-tuning)")
+    p.add_argument("--eval-n", type=int, default=200)
+    p.add_argument("--time-budget", type=float, default=900)
+    p.add_argument("--usd-per-gpu-hour", type=float, default=3.50, help="H200 on-demand price assumed")
+    p.add_argument("--pack", default="", help="comma list of K, e.g. 1,2,4,8")
+    p.add_argument("--gpu", default="0")
+    p.add_argument("--calibration", default=None, help="bench/calibrate.py JSON: use each family's chosen difficulty")
+    p.add_argument("--parallel", action="store_true", help="run the families' jobs at once (uplift, not timing)")
+    p.add_argument("--out", default=None, help="work directory (default: a temp dir)")
+    p.add_argument("--json", default=None, help="write all figures to this JSON file")
+    args = p.parse_args()
+    args.family = args.family or ["calc_chain"]
+    args.trainers = [t.strip() for t in args.trainers.split(",") if t.strip()]
+    args.lr = [float(x) for x in args.lr.split(",") if x.strip()]
+    args.pack = [int(k) for k in args.pack.split(",") if k.strip()]
+    out = Path(args.out or tempfile.mkdtemp(prefix="ait-bench-inner-"))
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"args": {k: v for k, v in vars(args).items()}}
+    report["pack" if args.pack else "side_by_side"] = run_pack(args, out) if args.pack else run_side_by_side(args, out)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""The fast GRPO trainer: advantages, the loss mask, token-space tool rollouts, and a real run."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ait.evals.rollout import prepare_tokenizer
+from ait.job.types import TrainConfig
+from ait.train.decode import Sample
+from ait.train.fast_grpo import advantages, microbatches, policy_loss
+from ait.train.rollouts import Rollout, rollout_batch, stop_ids
+from ait.train.tiny import tiny_model_path
+
+
+class Calc:
+    def reset(self, info):
+        self.calls = 0
+
+    def add(self, a: int, b: int) -> str:
+        """Add two integers.
+
+        Args:
+            a: left operand
+            b: right operand
+        """
+        self.calls += 1
+        return str(a + b)
+
+
+SURFACE = SimpleNamespace(env_class=Calc, tools={"add": Calc.add})
+
+
+class ScriptedDecoder:
+    """Replies from a script, recording the prompts it was given (stands in for ait.train.decode)."""
+
+    def __init__(self, tok, replies):
+        self.tok, self.replies, self.prompts = tok, list(replies), []
+
+    def generate(self, prompts, max_new_tokens, temperature, top_p, generator):
+        out = []
+        for p in prompts:
+            self.prompts.append(p)
+            ids = self.tok(self.replies.pop(0), add_special_tokens=False)["input_ids"][:max_new_tokens]
+            out.append(Sample(ids=ids, logprobs=[-0.5] * len(ids), stopped=ids[-1] in stop_ids(self.tok)))
+        return out
+
+
+def tok():
+    return prepare_tokenizer(AutoTokenizer.from_pretrained(tiny_model_path()))
+
+
+def row():
+    return {"prompt": [{"role": "system", "content": "Use add."}, {"role": "user", "content": "2+3?"}],
+            "answer": "5", "info": json.dumps({})}
+
+
+def test_tool_turns_continue_in_token_space_and_only_samples_are_trained():
+    t = tok()
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'
+    dec = ScriptedDecoder(t, [call, "Answer: 5<|im_end|>"])
+    [r] = rollout_batch(dec, t, SURFACE, [row()], max_completion_length=200, max_turns=2, temperature=1.0,
+                        top_p=1.0, max_length=4096)
+    assert r.tool_calls == 1 and r.tool_errors == 0 and r.final == "Answer: 5" and not r.truncated
+    assert [m["role"] for m in r.messages] == ["assistant", "tool", "assistant"] and r.messages[1]["content"] == "5"
+    # The second turn's prompt is the first turn's sequence, extended, never re-rendered.
+    first_reply = t(call, add_special_tokens=False)["input_ids"]
+    assert dec.prompts[1][:r.prompt_len + len(first_reply)] == dec.prompts[0] + first_reply
+    tail = t.decode(dec.prompts[1][r.prompt_len + len(first_reply):])
+    assert "5" in tail and tail.rstrip().endswith("assistant")
+    sampled = [i for i, s in zip(r.ids[r.prompt_len:], r.sampled) if s]
+    assert sampled == first_reply + t("Answer: 5<|im_end|>", add_special_tokens=False)["input_ids"]
+    assert len(r.logprobs) == len(r.sampled) == len(r.ids) - r.prompt_len
+    assert all(lp == 0.0 for lp, s in zip(r.logprobs, r.sampled) if not s)
+
+
+def test_budget_truncates_and_broken_calls_answer_errors():
+    t = tok()
+    bad = '<tool_call>\n{"name": "mul", "arguments": {"a": 2}}\n</tool_call><|im_end|>'
+    dec = ScriptedDecoder(t, [bad, "x " * 300])
+    [r] = rollout_batch(dec, t, SURFACE, [row()], max_completion_length=60, max_turns=3, temperature=1.0,
+                        top_p=1.0, max_length=4096)
+    assert r.tool_errors == 1 and r.messages[1]["content"].startswith("error: unknown tool")
+    assert r.truncated and r.completion_tokens == 60
+
+
+def test_advantages_follow_scale_rewards():
+    r = torch.tensor([1.0, 0.0, 0.5, 0.5])
+    assert advantages(r, 2, "none").tolist() == [0.5, -0.5, 0.0, 0.0]
+    g = advantages(r, 2, "group")
+    assert g[0] == pytest.approx(0.5 / (torch.tensor([1.0, 0.0]).std().item() + 1e-4)) and g[2] == 0.0
+
+
+def test_microbatches_respect_the_token_budget():
+    rs = [Rollout(row={}, ids=[1] * n, prompt_len=1) for n in (10, 50, 20, 40, 30)]
+    groups = microbatches(rs, budget=80)
+    assert sorted(i for g in groups for i in g) == list(range(5))
+    assert all(max(len(rs[i].ids) for i in g) * len(g) <= 80 for g in groups)
+
+
+def test_loss_gradient_is_the_policy_gradient_on_sampled_tokens_only():
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path(), dtype=torch.float32)
+    cfg = TrainConfig(max_steps=1, learning_rate=1e-3, num_generations=2, max_completion_length=8)
+    ids = list(range(5, 17))
+    a = Rollout(row={}, ids=ids, prompt_len=6, sampled=[True, True, False, False, True, True], logprobs=[0.0] * 6)
+    b = Rollout(row={}, ids=ids[:9], prompt_len=6, sampled=[True, True, True], logprobs=[0.0] * 3)
+    adv = torch.tensor([1.0, -0.5])
+    policy_loss(model, [a, b], adv, cfg, torch.device("cpu"), torch.autocast("cpu", enabled=False), None, None)
+    got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    # By hand: dapo loss = -(sum of A * logp over sampled tokens) / sampled tokens.
+    total = 0
+    for r, adv_r in ((a, 1.0), (b, -0.5)):
+        logp = torch.log_softmax(model(torch.tensor([r.ids])).logits[0, :-1].float(), -1)
+        for pos, (tid, s) in enumerate(zip(r.ids[r.prompt_len:], r.sampled)):
+            if s:
+                total = total - adv_r * logp[r.prompt_len - 1 + pos, tid]
+    (total / 7).backward()
+    for n, p in model.named_parameters():
+        if p.grad is not None:
+            assert torch.allclose(got[n], p.grad, atol=1e-5), n
+
+
+def reference_job(tmp_path, **train):
+    import shutil
+    from pathlib import Path
+
+    from ait.job.config import parse_job_config
+    from ait.job.types import Job
+
+    root = Path(__file__).resolve().parents[1]
+    ws = tmp_path / "ws"
+    shutil.copytree(root / "src" / "ait" / "policy" / "reference_jobs" / "calc_chain", ws)
+    text = (ws / "job.toml").read_text()
+    for key, value in train.items():
+        text = text.replace("[train]\n", f"[train]\n{key} = {value}\n", 1)
+    (tmp_path / "run" / "job").mkdir(parents=True)
+    return Job(job_id="t", run_dir=str(tmp_path / "run"), workspace=str(ws),
+               task_path=str(root / "examples" / "tasks" / "calc_chain.json"), config=parse_job_config(text, None),
+               time_budget_s=600)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_real_run_with_a_bf16_sampling_copy_updates_weights(tmp_path, monkeypatch, lora):
+    """The GPU arrangement (fp32 trained weights or adapters, a bf16 sampler refreshed each step), on CPU."""
+    from safetensors.torch import load_file
+
+    from ait.train import fast_grpo
+
+    refreshed = []
+    original = fast_grpo.SamplingCopy.refresh
+    monkeypatch.setattr(fast_grpo.SamplingCopy, "refresh", lambda self: (refreshed.append(1), original(self)))
+    job = reference_job(tmp_path)
+    if lora:
+        from ait.job.types import LoraConfig
+
+        job.config.train.lora = LoraConfig(r=4, lora_alpha=8)
+    out = fast_grpo.train(job, str(tiny_model_path()), sampling_dtype=torch.bfloat16)
+    assert out.steps == 4 and len(refreshed) == 4
+    assert out.metrics["train/generated_tokens_total"] > 0
+    trained = load_file(f"{out.checkpoint}/model.safetensors")
+    base = load_file(f"{tiny_model_path()}/model.safetensors")
+    assert any(not torch.equal(trained[k], base[k]) for k in base)
+
+
+def test_cached_continuation_equals_a_fresh_render():
+    from ait.train.rollouts import Continuation, tool_schemas
+
+    t = tok()
+    cont = Continuation(t, tool_schemas(SURFACE))
+    stop = stop_ids(t)[0]
+    calls = [{"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]
+    for content in ("3", "error: bad {json} \\n <tool_response>", "x" * 50):
+        results = [{"role": "tool", "name": "add", "content": content}]
+        assert cont(stop, calls, results) == t(cont.render(stop, calls, results), add_special_tokens=False)["input_ids"]
+    assert cont.cache[(stop, ("add",))] is not None  # the template copies results verbatim: cached
