@@ -130,20 +130,51 @@ class LocalLauncher:
 
 class LocalExecutor:
     """`ait episode --executor local`: run the job in a slot of a pool shared by every
-    episode of this process, so concurrent episodes never share a GPU they were not packed on."""
+    episode of this process, so concurrent episodes never share a GPU they were not packed on.
+    Jobs packed on one GPU are admitted by estimated memory (ait.compute.gpu_memory); a packed
+    job that runs out of memory is re-run alone, so packing never fails a job that fits alone."""
 
-    def __init__(self, slots: list[dict[str, str]], job_fn: JobFn = run_job_in_slot) -> None:
+    def __init__(self, slots: list[dict[str, str]], job_fn: JobFn = run_job_in_slot,
+                 capacity_gib: dict[str, float | None] | None = None) -> None:
+        from ait.compute.gpu_memory import GpuLedger, gpu_total_gib
+
         self.job_fn = job_fn
         self._free: queue_mod.Queue[dict[str, str]] = queue_mod.Queue()
         for env in slots:
             self._free.put(env)
+        gpus = sorted({s.get("CUDA_VISIBLE_DEVICES", "") for s in slots} - {""})
+        if capacity_gib is None:
+            capacity_gib = {g: gpu_total_gib(g) for g in gpus}
+        self.ledger = GpuLedger({g: capacity_gib.get(g) for g in gpus})
 
     def run(self, job: Job) -> JobResult:
         env = self._free.get()  # blocks while every slot is busy
         try:
-            return self.job_fn(job, env)
+            gpu = env.get("CUDA_VISIBLE_DEVICES", "")
+            if not gpu or gpu not in self.ledger.used:
+                return self.job_fn(job, env)
+            need = estimate_gib(job)
+            with self.ledger.reserve(gpu, need) as held:
+                result = self.job_fn(job, env)
+            if result.fail_reason == FailReason.oom and held.shared:
+                with self.ledger.reserve(gpu, need, exclusive=True):
+                    result = self.job_fn(job, env)
+                result.metrics["pack/retried_alone"] = 1.0
+            result.metrics["pack/estimate_gib"] = need
+            return result
         finally:
             self._free.put(env)
+
+
+def estimate_gib(job: Job) -> float:
+    """The job's estimated peak GPU memory; 0 when its model cannot be resolved (run_job reports why)."""
+    from ait.compute.gpu_memory import estimate_job_gib
+    from ait.train.models import resolve_base_model
+
+    try:
+        return estimate_job_gib(job, resolve_base_model(job.config.job.base_model).path)
+    except Exception:  # noqa: BLE001 - the job itself will fail with the real reason
+        return 0.0
 
 
 _shared: LocalExecutor | None = None

@@ -1,0 +1,105 @@
+"""GPU memory accounting for packed jobs.
+
+Several small jobs share one GPU; each is admitted only while the sum of the running
+jobs' estimates fits the GPU, and a job that still runs out of memory while it had
+neighbours is re-run alone. So packing never fails a job that would fit by itself.
+
+The estimate is deliberately pessimistic (it counts the fast trainer's largest buffers):
+  weights, grads and AdamW state: 16 B/param trained in full (fp32 master + 2 moments
+  + grad) and a 2 B/param bf16 sampling copy; with LoRA a bf16 base (2 B/param) twice;
+  KV cache: rollouts x (prompt + completion) tokens x layers x 2 x kv_heads x head_dim x 2 B;
+  scoring: one micro-batch's activations and logits (ait.train.fast_grpo caps its size by vocab).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+from ait.job.types import Job
+
+GIB = 2**30
+PROMPT_TOKENS = 1024  # a generous allowance for the system prompt, tool schemas and tool results
+OVERHEAD_GIB = 1.5    # CUDA context, allocator slack, the eval's model copy
+
+
+def model_shape(model_dir: str) -> dict:
+    """params, layers, kv heads, head dim, hidden, vocab from config.json and the weights' size."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    size = sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
+    dtype_bytes = 4 if str(cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))) in ("float32", "torch.float32") else 2
+    heads = cfg.get("num_attention_heads", 8)
+    hidden = cfg.get("hidden_size", 512)
+    return {"params": size / dtype_bytes, "layers": cfg.get("num_hidden_layers", 12),
+            "kv_heads": cfg.get("num_key_value_heads", heads), "head_dim": cfg.get("head_dim", hidden // heads),
+            "hidden": hidden, "vocab": cfg.get("vocab_size", 32000)}
+
+
+def estimate_job_gib(job: Job, model_dir: str) -> float:
+    """Peak GPU memory of one job (training process), pessimistic."""
+    s = model_shape(model_dir)
+    t = job.config.train
+    weights = s["params"] * (2 + 2 + (t.lora.r / 64 if t.lora else 0)) if t.lora else s["params"] * (16 + 2)
+    rollouts = t.prompts_per_step * t.num_generations
+    tokens = PROMPT_TOKENS + t.max_completion_length
+    kv = rollouts * tokens * s["layers"] * 2 * s["kv_heads"] * s["head_dim"] * 2
+    micro = max(1024, min(16_384, 2**29 // s["vocab"]))  # ait.train.fast_grpo.microbatch_tokens
+    activations = micro * s["hidden"] * s["layers"] * 24
+    logits = micro * s["vocab"] * 10  # bf16 logits, fp32 log-softmax, its grad
+    return (weights + kv + activations + logits) / GIB + OVERHEAD_GIB
+
+
+def gpu_total_gib(index: str) -> float | None:
+    """Total memory of GPU `index` from nvidia-smi (None when it cannot be read)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", index],
+                             capture_output=True, text=True, timeout=10)
+        return float(out.stdout.strip().splitlines()[0]) / 1024 if out.returncode == 0 else None
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
+
+
+class GpuLedger:
+    """Admission by estimated memory, per GPU; `exclusive` waits for the GPU to empty."""
+
+    def __init__(self, capacity_gib: dict[str, float | None], headroom: float = 0.9):
+        self.capacity = {g: (c * headroom if c else None) for g, c in capacity_gib.items()}
+        self.used = {g: 0.0 for g in capacity_gib}
+        self.running = {g: 0 for g in capacity_gib}
+        self.active: dict[str, list[Reservation]] = {}
+        self.cond = threading.Condition()
+
+    @contextmanager
+    def reserve(self, gpu: str, gib: float, exclusive: bool = False):
+        """Yields a Reservation whose `shared` turns True if any other job ran on the GPU meanwhile."""
+        cap = self.capacity.get(gpu)
+        token = Reservation()
+        with self.cond:
+            def fits() -> bool:
+                if exclusive:
+                    return self.running[gpu] == 0
+                # A lone job always starts even if its estimate exceeds the GPU: the estimate may be wrong.
+                return cap is None or self.running[gpu] == 0 or self.used[gpu] + gib <= cap
+            self.cond.wait_for(fits)
+            self.used[gpu] += gib
+            self.running[gpu] += 1
+            self.active.setdefault(gpu, []).append(token)
+            if len(self.active[gpu]) > 1:
+                for t in self.active[gpu]:
+                    t.shared = True
+        try:
+            yield token
+        finally:
+            with self.cond:
+                self.used[gpu] -= gib
+                self.running[gpu] -= 1
+                self.active[gpu].remove(token)
+                self.cond.notify_all()
+
+
+class Reservation:
+    shared = False

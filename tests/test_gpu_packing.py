@@ -1,0 +1,81 @@
+"""Packing jobs on a GPU: admission by estimated memory, and an OOM while packed is retried alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ait.compute.gpu_memory import GpuLedger, estimate_job_gib
+from ait.compute.local import LocalExecutor, slot_envs
+from ait.job.types import FailReason, JobResult
+from ait.train.tiny import tiny_model_path
+from tests.test_fast_grpo import reference_job
+
+
+def test_jobs_wait_until_their_memory_fits():
+    ledger = GpuLedger({"0": 10.0}, headroom=1.0)
+    order = []
+
+    def job(name, gib, hold):
+        with ledger.reserve("0", gib):
+            order.append(("start", name))
+            time.sleep(hold)
+            order.append(("end", name))
+
+    a = threading.Thread(target=job, args=("a", 6.0, 0.3))
+    a.start()
+    time.sleep(0.05)
+    b = threading.Thread(target=job, args=("b", 6.0, 0.0))  # 6 + 6 > 10: waits for a
+    c = threading.Thread(target=job, args=("c", 3.0, 0.0))  # 6 + 3 fits: runs beside a
+    b.start(), c.start()
+    for t in (a, b, c):
+        t.join()
+    assert order.index(("start", "b")) > order.index(("end", "a"))
+    assert order.index(("start", "c")) < order.index(("end", "a"))
+
+
+def test_a_lone_job_always_starts_even_above_the_estimate():
+    ledger = GpuLedger({"0": 1.0})
+    with ledger.reserve("0", 50.0) as held:
+        assert not held.shared
+
+
+def test_an_oom_while_packed_is_rerun_alone(tmp_path):
+    calls, running, lock = [], [0], threading.Lock()
+    together = threading.Barrier(2, timeout=30)  # the first attempts overlap for sure
+
+    def job_fn(job, env):
+        with lock:
+            running[0] += 1
+            calls.append((job.job_id, running[0]))
+            first = sum(c[0] == job.job_id for c in calls) == 1
+        if first:
+            together.wait()
+        time.sleep(0.1)
+        with lock:
+            alone = running[0] == 1
+            running[0] -= 1
+        if job.job_id == "big" and not alone:
+            return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.oom, error="CUDA out of memory")
+        return JobResult(job_id=job.job_id, ok=True)
+
+    ex = LocalExecutor(slot_envs(2, ["0"], jobs_per_gpu=2), job_fn=job_fn, capacity_gib={"0": 1000.0})
+    big = reference_job(tmp_path / "a").model_copy(update={"job_id": "big"})
+    small = reference_job(tmp_path / "b").model_copy(update={"job_id": "small"})
+    results = {}
+    threads = [threading.Thread(target=lambda j=j: results.update({j.job_id: ex.run(j)})) for j in (big, small)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results["big"].ok and results["big"].metrics["pack/retried_alone"] == 1.0
+    assert results["small"].ok and "pack/retried_alone" not in results["small"].metrics
+    assert [c for c in calls if c[0] == "big"][-1][1] == 1  # the retry ran with nobody beside it
+
+
+def test_estimates_grow_with_the_job(tmp_path):
+    job = reference_job(tmp_path)
+    small = estimate_job_gib(job, str(tiny_model_path()))
+    bigger = job.model_copy(deep=True)
+    bigger.config.train.num_generations *= 8
+    assert estimate_job_gib(bigger, str(tiny_model_path())) > small > 0
