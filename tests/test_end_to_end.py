@@ -31,8 +31,8 @@ TASK = ROOT / "examples" / "tasks" / "calc_chain.json"
 REFERENCE = ROOT / "src" / "ait" / "policy" / "reference_jobs" / "calc_chain"
 # Code that runs only inside the training process: TRL's GRPO trainer is imported there before
 # env.py, never in the probe, so these jobs pass validation and then die while training.
-CRASH_IN_TRAINING = 'import sys\nif "trl.trainer.grpo_trainer" in sys.modules:\n    raise RuntimeError("deliberate crash in training")\n'
-SLEEP_IN_TRAINING = 'import sys, time\nif "trl.trainer.grpo_trainer" in sys.modules:\n    time.sleep(600)\n'
+CRASH_IN_TRAINING = 'import sys\nif ("ait.train.fast_grpo" in sys.modules or "ait.train.grpo" in sys.modules):\n    raise RuntimeError("deliberate crash in training")\n'
+SLEEP_IN_TRAINING = 'import sys, time\nif ("ait.train.fast_grpo" in sys.modules or "ait.train.grpo" in sys.modules):\n    time.sleep(600)\n'
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(not cached_capabilities().active("landlock"), re
 
 def in_training(code: str) -> str:
     """Run `code` at import only inside the training process."""
-    return "import sys\nif 'trl.trainer.grpo_trainer' in sys.modules:\n" + textwrap.indent(textwrap.dedent(code), "    ") + "\n"
+    return "import sys\nif 'ait.train.fast_grpo' in sys.modules or 'ait.train.grpo' in sys.modules:\n" + textwrap.indent(textwrap.dedent(code), "    ") + "\n"
 
 
 def make_job(root: Path, name: str, attack: str, budget: float = 120.0) -> Job:

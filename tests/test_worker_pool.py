@@ -186,7 +186,7 @@ def test_kill_job_processes_only_touches_that_jobs_directory(tmp_path):
 # -- a real job through `ait worker`: its training process killed from outside ------------
 
 ROOT = Path(__file__).resolve().parents[1]
-SLEEP_IN_TRAINING = 'import sys, time\nif "trl.trainer.grpo_trainer" in sys.modules:\n    time.sleep(600)\n'
+SLEEP_IN_TRAINING = 'import sys, time\nif ("ait.train.fast_grpo" in sys.modules or "ait.train.grpo" in sys.modules):\n    time.sleep(600)\n'
 
 
 def _descendant(pid: int, needle: str, timeout: float = 60.0) -> int:

@@ -268,6 +268,7 @@ def train(job: Job, base_model_path: str, sampling_dtype: torch.dtype | None = N
             "grad_norm": float(grad_norm), "learning_rate": sched.get_last_lr()[0], **stats,
             "step_seconds": t_end - t0, "generate_seconds": t_gen - t0, "optimize_seconds": t_end - t_gen,
             "generated_tokens": float(sum(lengths)),
+            "num_tokens": (history[-1]["num_tokens"] if history else 0.0) + sum(len(r.ids) for r in rollouts),
         })
         print(json.dumps({"step": step + 1, **{k: round(v, 4) for k, v in history[-1].items()}}), flush=True)
     train_seconds = time.monotonic() - start
@@ -302,6 +303,7 @@ def summarize(history: list[dict[str, float]]) -> dict[str, float]:
         out["train/reward_first"] = history[0]["reward"]
         out["train/reward_last"] = history[-1]["reward"]
         out["train/generated_tokens_total"] = sum(h["generated_tokens"] for h in history)
+        out["train/num_tokens"] = history[-1]["num_tokens"]  # cumulative tokens scored, as TRL counts them
         gen = sum(h["generate_seconds"] for h in history)
         out["train/generated_tokens_per_second"] = out["train/generated_tokens_total"] / max(gen, 1e-9)
     return out

