@@ -100,6 +100,11 @@ class ReferencePolicy:
         if match and (self.base_model or match.group(1) not in allowed):
             model = self.base_model or allowed[0]
             self.job["job.toml"] = self.job["job.toml"].replace(match.group(0), f'base_model = "{model}"')
+            if model != "tiny":
+                # The reference jobs' learning rate (1e-3) suits the random tiny model; full fine-tuning
+                # of a pretrained 100M-1B model needs about 1e-5 or it forgets how to write at all.
+                self.job["job.toml"] = re.sub(r"^learning_rate\s*=.*$", "learning_rate = 1e-5",
+                                              self.job["job.toml"], flags=re.MULTILINE)
         return self._call("get_baseline_scores", {}, content=f"Family {task['family']}: writing the reference job.")
 
     def _write(self, name: str) -> Message:
