@@ -8,7 +8,7 @@ import typer
 
 from ait.sandbox import UNSAFE_ENV
 
-from ait.cli import baselines, doctor, episode, job, queue, tasks, worker
+from ait.cli import baselines, doctor, episode, job, queue, report, tasks, train, worker
 
 app = typer.Typer(help="ait — AI Trains AI: an agent writes an RL job; it is scored by the trained model's uplift.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
@@ -30,6 +30,8 @@ app.add_typer(queue.app, name="queue")
 app.command()(episode.episode)
 app.command()(worker.worker)
 app.command()(doctor.doctor)
+app.command()(train.train)
+app.command()(report.report)
 
 
 def main() -> None:

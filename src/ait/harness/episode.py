@@ -1,13 +1,17 @@
 """One episode: the agent writes a job through tools, submits, the job runs, reward is computed.
 
-    run_episode  ─ seed workspace ─ turn loop (budget check → policy.act → meter → tools)
+    run_episode  ─ seed workspace ─ turn loop (budget and deadline checks → policy.act → meter → tools)
                  ─ submit_job → probe → job (up to max_jobs, dev score shown) ─ best job
                  ─ reward ─ artifacts in runs/<run_id>/, spend in runs/costs.jsonl
+
+With EpisodeConfig.timeout_s the episode has a wall-clock deadline: past it no further turn
+is taken, a running job is killed, and the episode ends as `timeout`, scored as it stood.
 """
 
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 import tomllib
 from importlib.resources import files
@@ -22,7 +26,7 @@ from ait.harness.tools import TOOL_SCHEMAS, EpisodeTools
 from ait.harness.types import (EpisodeConfig, EpisodeResult, JobRecord, Message, PolicyStop, StopReason,
                                Submission)
 from ait.harness.workspace_tools import WorkspaceTools
-from ait.job.types import Job, JobResult
+from ait.job.types import FailReason, Job, JobResult
 from ait.metering import Ledger, Meter, load_prices
 from ait.policy.base import Policy
 from ait.probe.runner import probe_workspace
@@ -49,6 +53,12 @@ def seed_workspace(workspace: Path, spec: TaskSpec) -> None:
         (workspace / name).chmod(0o444)
 
 
+def opening_messages(spec: TaskSpec) -> list[Message]:
+    """The system prompt and the task: how every episode's conversation starts."""
+    return [Message(role="system", content=SYSTEM),
+            Message(role="user", content=f"Task: {spec.description}\nRead INSTRUCTIONS.md and task.json.")]
+
+
 class Episode:
     """State of one episode; `run_loop` is the loop."""
 
@@ -62,6 +72,8 @@ class Episode:
         self.jobs: list[JobRecord] = []
         self.valid_attempt: int | None = None
         self.budget_stop: str | None = None  # set when a valid job was not run: it would pass a budget
+        self.deadline = None if config.timeout_s is None else time.monotonic() + config.timeout_s
+        self.timed_out = False  # the wall-clock limit passed; the episode is scored as it stood
         seed_workspace(run.workspace, spec)
         files_ = WorkspaceTools(run.workspace, read_only=READ_ONLY)
         self.tools = EpisodeTools(files_, spec, submit=self.submit_job, baselines=baselines)
@@ -73,8 +85,7 @@ class Episode:
         return None if best is None else self.jobs[best].result
 
     def run_loop(self) -> tuple[StopReason, int, str | None]:
-        messages = [Message(role="system", content=SYSTEM),
-                    Message(role="user", content=f"Task: {self.spec.description}\nRead INSTRUCTIONS.md and task.json.")]
+        messages = opening_messages(self.spec)
         for m in messages:
             self.run.log("message", **m.model_dump())
         self.policy.reset(self.spec)
@@ -83,6 +94,8 @@ class Episode:
             # Before the call: stop if it would pass a budget (estimated at the last call's price).
             if why := self.meter.over_budget(self.meter.last_call_usd):
                 return self.stop_for_budget(turn - 1, why)
+            if self.past_deadline():
+                return self.stop_for_timeout(turn - 1)
             t0 = time.monotonic()
             try:
                 reply = self.policy.act(messages, TOOL_SCHEMAS)
@@ -99,6 +112,8 @@ class Episode:
             # After the call: if it passed a budget, stop before acting on it.
             if why := self.meter.over_budget():
                 return self.stop_for_budget(turn, why)
+            if self.past_deadline():  # the reply came too late to act on
+                return self.stop_for_timeout(turn)
             if not reply.tool_calls:
                 if self.jobs:  # the agent is done refining
                     return StopReason.job_done, turn, None
@@ -116,22 +131,39 @@ class Episode:
                 self.run.log("tool_result", turn=turn, tool=call.name, call_id=call.id, content=result,
                              seconds=round(time.monotonic() - t0, 3), malformed_total=self.tools.malformed)
                 if stop := self.finished():
-                    return stop, turn, self.budget_stop
+                    return (self.stop_for_timeout(turn) if stop is StopReason.timeout
+                            else (stop, turn, self.budget_stop))
         return StopReason.turn_cap, self.config.max_turns, None
 
     def finished(self) -> StopReason | None:
         """Whether the last tool call ended the episode."""
+        if self.timed_out:  # a job was killed at the deadline
+            return StopReason.timeout
         if self.budget_stop:
             return StopReason.budget
         if len(self.jobs) >= self.config.max_jobs:
             return StopReason.job_done
         if self.invalid_attempts() >= self.spec.max_submission_attempts:
             return StopReason.job_done if self.jobs else StopReason.attempts_exhausted
+        if self.past_deadline():
+            return StopReason.timeout
         return None
 
     def stop_for_budget(self, turns: int, why: str) -> tuple[StopReason, int, str]:
         self.run.log("budget_stop", reason=why, **self.meter.summary.metrics())
         return StopReason.budget, turns, why
+
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def seconds_left(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def stop_for_timeout(self, turns: int) -> tuple[StopReason, int, str]:
+        self.timed_out = True
+        why = f"the episode's wall-clock limit of {self.config.timeout_s:g}s passed"
+        self.run.log("timeout", reason=why, turns=turns)
+        return StopReason.timeout, turns, why
 
     def invalid_attempts(self) -> int:
         return sum(not s.report.valid for s in self.submissions)
@@ -152,7 +184,9 @@ class Episode:
         snapshot = self.run.submission_dir(attempt) / "workspace"
         shutil.copytree(self.run.workspace, snapshot, symlinks=True)
         self.on_event(f"probing submission {attempt}")
-        report = probe_workspace(snapshot, self.spec, timeout_s=self.config.probe_timeout_s)
+        left = self.seconds_left()
+        probe_timeout = self.config.probe_timeout_s if left is None else max(1.0, min(self.config.probe_timeout_s, left))
+        report = probe_workspace(snapshot, self.spec, timeout_s=probe_timeout)
         self.run.write_json(f"submissions/{attempt}/probe.json", report)
         self.submissions.append(Submission(attempt=attempt, parseable=job_toml_parses(snapshot), report=report))
         self.run.log("probe", attempt=attempt, valid=report.valid, errors=[e.model_dump() for e in report.errors],
@@ -164,15 +198,31 @@ class Episode:
         job = Job(job_id=f"{self.run.path.name}-{attempt}", run_dir=str(jobs_.job_run_dir(self.run.path, index)),
                   workspace=str(snapshot), task_path=str(self.task_path), config=report.config,
                   time_budget_s=self.spec.constraints.time_budget_s, kill_factor=self.config.kill_factor,
-                  eval_size=self.config.eval_size)
+                  eval_size=self.config.eval_size, trainer=self.config.trainer)
         estimate = jobs_.estimate_job_usd(self.config, job.time_budget_s, self.meter.prices)
         if why := self.meter.over_budget(estimate):
             self.budget_stop = f"job not run: {why}"
             self.run.log("budget_stop", reason=self.budget_stop, attempt=attempt, **self.meter.summary.metrics())
             return f"job valid (attempt {attempt}) but not run: it would pass the episode's budget"
         self.on_event(f"training and evaluating ({report.config.job.base_model})")
-        result = make_executor(self.config).run(job)
+        result = self.run_job(job)
         return self.record_job(attempt, job, result)
+
+    def run_job(self, job: Job) -> JobResult:
+        """The executor's result; with a deadline, a job still running when it passes is killed and
+        recorded as failed (timeout), and the episode ends as timed out."""
+        executor = make_executor(self.config)
+        left = self.seconds_left()
+        if left is None:
+            return executor.run(job)
+        result = run_until(executor, job, left)
+        if result is None:
+            self.timed_out = True
+            self.run.log("job_timeout", job_id=job.job_id, seconds_left=0.0)
+            return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.timeout,
+                             base_model=job.config.job.base_model,
+                             error="the episode's wall-clock limit passed while the job ran; it was killed")
+        return result
 
     def record_job(self, attempt: int, job: Job, result: JobResult) -> str:
         """Dev score, cost, ledger, artifacts; the agent's feedback (dev only, never hidden)."""
@@ -199,6 +249,39 @@ class Episode:
             entry = self.baselines.freeze(Baseline(family=self.spec.family, base_model=job.base_model,
                                                    fingerprint=fingerprint, best_pre=job.pre, n=job.eval_n))
         return entry.best_pre if entry else None
+
+
+def run_until(executor, job: Job, seconds: float) -> JobResult | None:
+    """executor.run(job) if it returns within `seconds`, else None. A job still running then is
+    killed: its processes (children of this process working in the job's directory, as the inline
+    and local executors start them) are killed until the executor returns, so a job that was
+    still waiting for a slot dies as soon as it starts. A queue or Ray job keeps its own limits."""
+    from ait.compute.local import kill_job_processes
+
+    box: dict[str, object] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["result"] = executor.run(job)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name=f"job-{job.job_id}", daemon=True).start()
+    if done.wait(seconds):
+        if "error" in box:
+            raise box["error"]  # type: ignore[misc]
+        return box["result"]  # type: ignore[return-value]
+
+    def reap() -> None:
+        kill_job_processes(job)
+        while not done.wait(1.0):
+            kill_job_processes(job)
+
+    threading.Thread(target=reap, name=f"reap-{job.job_id}", daemon=True).start()
+    return None
 
 
 def job_toml_parses(workspace: Path) -> bool:

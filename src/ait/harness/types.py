@@ -66,6 +66,7 @@ class StopReason(str, Enum):
     policy_error = "policy_error"                # the policy raised (API down, parse failure)
     budget = "budget"                            # the next step would pass (or the last passed) a USD budget
     context_full = "context_full"                # the conversation no longer fits the policy's context
+    timeout = "timeout"                          # the episode's wall-clock limit (EpisodeConfig.timeout_s) passed
 
 
 class PolicyStop(Exception):
@@ -96,10 +97,15 @@ class EpisodeConfig(Strict):
     """How long to wait for a queued job's result."""
     eval_size: int | None = Field(default=None, ge=1)
     """Override the hidden eval size (smoke runs); None = the spec's."""
+    trainer: Literal["fast", "trl"] = "fast"
+    """Inner GRPO implementation: ait's fast trainer or TRL's GRPOTrainer (the reference)."""
     kill_factor: float = Field(default=2.0, ge=1.0, le=10.0)
     """The job is killed at this multiple of the task's time budget."""
     reward: RewardWeights = Field(default_factory=RewardWeights)
     """Reward weights."""
+    timeout_s: float | None = Field(default=None, gt=0)
+    """Wall-clock limit of the whole episode; when it passes the episode stops as `timeout` (a running job is
+    killed) and is scored as it stood. None = no limit."""
     max_jobs: int = Field(default=1, ge=1, le=20)
     """Valid jobs the agent may run; after each it sees the dev-set score (never the hidden one) and may
     refine. The episode is scored on its best job by hidden post."""

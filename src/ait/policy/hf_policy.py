@@ -23,23 +23,33 @@ TRUNCATED = "[older tool result shortened to fit the model's context: {n} charac
 
 class HFPolicy:
     def __init__(self, model: str, *, temperature: float = 0.7, max_new_tokens: int = 512,
-                 max_context: int | None = None, seed: int | None = 0, device: str | None = None):
+                 max_context: int | None = None, seed: int | None = 0, device: str | None = None,
+                 loaded: tuple[Any, Any] | None = None):
+        """`loaded` = (model, tokenizer) already in memory (the outer loop's weights): nothing is read
+        from disk and `model` is only the name; the tokenizer must have been through prepare_tokenizer."""
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from ait.evals.rollout import prepare_tokenizer
-        from ait.train.models import resolve_base_model
+        if loaded is not None:
+            self.model, self.tokenizer = loaded
+            self.device = str(self.model.device)
+            path = getattr(self.model, "name_or_path", model)
+        else:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        resolved = resolve_base_model(model)  # tiny, a local directory, or a hub id (safetensors only)
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
-        self.tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(resolved.path, trust_remote_code=False))
-        self.model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype, use_safetensors=True,
-                                                          trust_remote_code=False).to(self.device).eval()
+            from ait.evals.rollout import prepare_tokenizer
+            from ait.train.models import resolve_base_model
+
+            resolved = resolve_base_model(model)  # tiny, a local directory, or a hub id (safetensors only)
+            path = resolved.path
+            self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+            dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+            self.tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(path, trust_remote_code=False))
+            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True,
+                                                              trust_remote_code=False).to(self.device).eval()
         self.name = f"hf:{model}"
         self.temperature, self.max_new_tokens, self.seed = temperature, max_new_tokens, seed
         self.max_context = max_context or context_length(self.model, self.tokenizer)
-        self.settings = {"model": model, "path": resolved.path, "temperature": temperature,
+        self.settings = {"model": model, "path": path, "temperature": temperature,
                          "max_new_tokens": max_new_tokens, "max_context": self.max_context, "seed": seed}
         self.turn = 0
 

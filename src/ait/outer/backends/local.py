@@ -1,0 +1,243 @@
+"""The local backend: the agent's LoRA weights in this process (transformers + peft), on a GPU
+when there is one, else the CPU.
+
+    training model   base + LoRA adapter (trainable), AdamW, grad clipping
+    sampling model   a second copy of base + adapter, owned by a SamplingEngine thread
+
+Why a copy rather than one model behind a lock: sampling for later steps goes on while a
+step trains (the outer loop is asynchronous), so the weights being sampled must not change
+under a running generation, nor may a long generation stall the optimizer step. After each
+step only the adapter tensors (a few MB) are copied into the sampling model, between two
+generation batches (`SamplingEngine.refresh` takes the engine's lock); from then on every
+new turn samples the new weights. The cost is one more copy of the base weights in memory
+(1 GB for a 0.5B model in bf16). An episode's turns may thus straddle a refresh; each turn's
+logprobs are recorded at sampling time, so the importance ratio stays exact, and the
+episode's `policy_version` (its staleness) is the version it started with.
+
+Checkpoint layout (`save` / `load`):
+
+    PATH/adapter/adapter_model.safetensors   LoRA weights (peft's format)
+    PATH/adapter/adapter_config.json
+    PATH/optimizer.pt                        AdamW state (torch.save; loaded with weights_only=True)
+    PATH/backend.json                        step, base model, LoRA settings
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+from ait.outer.backends.loss import (
+    completion_logprobs,
+    importance_sampling_loss,
+    nll_loss,
+)
+from ait.outer.config import OuterConfig
+from ait.outer.sampler import EnginePolicy, SamplingEngine
+from ait.outer.types import StepStats, TrajectoryGroup
+
+ADAPTER_DIR = "adapter"
+ADAPTER_FILE = "adapter_model.safetensors"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing or does not fit this backend's model."""
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class LocalBackend:
+    """TrainerBackend on local hardware (see the module docstring)."""
+
+    def __init__(self, config: OuterConfig):
+        import torch
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        from ait.evals.rollout import prepare_tokenizer
+        from ait.train.models import resolve_base_model
+
+        hf_logging.disable_progress_bar()
+        self.config = config
+        p, t = config.policy, config.trainer
+        resolved = resolve_base_model(p.model)
+        self.device = t.device or default_device()
+        dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        self.tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(resolved.path, trust_remote_code=False))
+        base = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype, use_safetensors=True,
+                                                    trust_remote_code=False).to(self.device)
+        base.config.use_cache = False
+        lora = LoraConfig(r=t.lora_r, lora_alpha=t.lora_alpha, lora_dropout=t.lora_dropout,
+                          target_modules=t.lora_target_modules, task_type="CAUSAL_LM")
+        self.model = get_peft_model(base, lora)
+        if t.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+            self.model.enable_input_require_grads()
+        self.params = {n: q for n, q in self.model.named_parameters() if q.requires_grad}
+        self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=t.learning_rate,
+                                           weight_decay=t.weight_decay)
+        self.step = 0
+        self.model_name = p.model
+        sampler = copy.deepcopy(self.model).eval()
+        for q in sampler.parameters():
+            q.requires_grad_(False)
+        sampler.config.use_cache = True
+        self.engine = SamplingEngine(sampler, self.tokenizer, max_batch=p.sample_batch_size, version=0)
+        self._seeds = count(config.seed * 1_000_003)
+        if p.init_checkpoint:
+            self.warm_start(p.init_checkpoint)
+
+    # ---- the TrainerBackend surface ----------------------------------------------------------
+
+    def policy(self, temperature: float | None = None, seed: int | None = None) -> EnginePolicy:
+        """A fresh per-episode policy on the sampling engine (the latest refreshed weights)."""
+        p = self.config.policy
+        return EnginePolicy(self.engine, self.model_name, temperature=p.temperature if temperature is None
+                            else temperature, max_new_tokens=p.max_new_tokens,
+                            seed=next(self._seeds) if seed is None else seed, max_context=p.max_context)
+
+    def train_step(self, groups: list[TrajectoryGroup]) -> StepStats:
+        """One AdamW step of the importance-sampling loss over every completion token of the groups
+        (turns whose advantage is 0 add nothing to the gradient but count in the token mean).
+        No trajectory with a non-zero advantage: nothing to learn, no update, the step stays."""
+        import torch
+
+        t0 = time.monotonic()
+        temperature = self.config.policy.temperature
+        datums = [(turn, adv) for g in groups for traj, adv in zip(g.trajectories, g.advantages())
+                  for turn in traj.turns if turn.completion_ids]
+        tokens = sum(len(turn.completion_ids) for turn, _ in datums)
+        active = [(turn, adv) for turn, adv in datums if adv != 0.0]
+        if not active:
+            return StepStats(step=self.step, loss=0.0, tokens=tokens, datums=len(datums),
+                             seconds=time.monotonic() - t0, extra={"skipped": 1.0, "active_tokens": 0.0})
+        self.model.train()
+        loss_total, drift, drift_n = 0.0, 0.0, 0
+        for turn, adv in active:
+            logp = completion_logprobs(self.model, turn.prompt_ids, turn.completion_ids, temperature)
+            loss = importance_sampling_loss(logp, turn.logprobs, adv) / tokens
+            loss.backward()
+            loss_total += float(loss.detach())
+            drift += float((torch.tensor(turn.logprobs, device=logp.device) - logp.detach()).sum())
+            drift_n += len(turn.completion_ids)
+        grad_norm = torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.config.trainer.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        self.refresh_sampler(self.step + 1)  # new weights reach the sampler before the new version is visible
+        self.step += 1
+        return StepStats(step=self.step, loss=loss_total, tokens=tokens, datums=len(datums),
+                         seconds=time.monotonic() - t0,
+                         extra={"grad_norm": float(grad_norm), "active_tokens": float(drift_n),
+                                "kl_sample_train": drift / max(drift_n, 1)})
+
+    def save(self, path: str) -> None:
+        import torch
+
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        # LoRA tensors only: the base weights are never trained, so an adapter on lm_head or the
+        # embeddings need not carry a copy of them (peft's "auto" would save it).
+        self.model.save_pretrained(str(out / ADAPTER_DIR), save_embedding_layers=False)
+        torch.save(self.optimizer.state_dict(), out / "optimizer.pt")
+        t = self.config.trainer
+        (out / "backend.json").write_text(json.dumps({
+            "backend": "local", "step": self.step, "model": self.model_name, "lora_r": t.lora_r,
+            "lora_alpha": t.lora_alpha, "saved_at": time.time()}, indent=2) + "\n")
+
+    def load(self, path: str) -> None:
+        """Resume: adapter weights, optimizer state and step."""
+        import torch
+
+        meta = self._meta(Path(path))
+        self._load_adapter(Path(path))
+        state = torch.load(Path(path) / "optimizer.pt", map_location=self.device, weights_only=True)
+        self.optimizer.load_state_dict(state)
+        self.step = int(meta["step"])
+        self.refresh_sampler()
+
+    # ---- warm start and supervised steps -----------------------------------------------------
+
+    def warm_start(self, path: str) -> None:
+        """Start from a checkpoint's (or a bare adapter directory's) weights: fresh optimizer, step 0."""
+        self._load_adapter(Path(path))
+        self.refresh_sampler()
+
+    def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> float:
+        """One AdamW step of next-token loss on (prompt ids, completion ids) pairs, completion tokens
+        only, averaged over them (the supervised warm start, ait.outer.warmstart). Returns the loss."""
+        import torch
+
+        tokens = sum(len(c) for _, c in examples)
+        self.model.train()
+        total = 0.0
+        for prompt, completion in examples:
+            loss = nll_loss(completion_logprobs(self.model, prompt, completion, 1.0)) / tokens
+            loss.backward()
+            total += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.config.trainer.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        return total
+
+    def adapter_state(self) -> dict[str, Any]:
+        """The trainable (LoRA) tensors, detached copies: what changes when the policy learns."""
+        return {n: q.detach().clone() for n, q in self.params.items()}
+
+    def refresh_sampler(self, version: int | None = None) -> None:
+        import torch
+
+        sources = self.params
+
+        def copy_in(model: Any) -> None:
+            with torch.no_grad():
+                for name, q in model.named_parameters():
+                    if name in sources:
+                        q.copy_(sources[name])
+
+        self.engine.refresh(copy_in, self.step if version is None else version)
+
+    def close(self) -> None:
+        self.engine.close()
+
+    # ---- helpers -----------------------------------------------------------------------------
+
+    def _meta(self, path: Path) -> dict[str, Any]:
+        file = path / "backend.json"
+        if not file.is_file():
+            raise CheckpointError(f"{file} not found: not a checkpoint written by the local backend")
+        meta = json.loads(file.read_text())
+        if meta.get("model") != self.model_name:
+            raise CheckpointError(f"{path} was trained from {meta.get('model')!r}, not the configured "
+                                  f"{self.model_name!r}")
+        return meta
+
+    def _load_adapter(self, path: Path) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        adapter = path / ADAPTER_DIR if (path / ADAPTER_DIR / ADAPTER_FILE).is_file() else path
+        file = adapter / ADAPTER_FILE
+        if not file.is_file():
+            raise CheckpointError(f"no LoRA adapter at {path} (expected {ADAPTER_DIR}/{ADAPTER_FILE} or {ADAPTER_FILE})")
+        config_file = adapter / "adapter_config.json"
+        if config_file.is_file():
+            saved = json.loads(config_file.read_text())
+            t = self.config.trainer
+            if (saved.get("r"), saved.get("lora_alpha")) != (t.lora_r, t.lora_alpha):
+                raise CheckpointError(f"{adapter} has LoRA r={saved.get('r')}, lora_alpha={saved.get('lora_alpha')}; "
+                                      f"the config asks for r={t.lora_r}, lora_alpha={t.lora_alpha}")
+        result = set_peft_model_state_dict(self.model, load_file(str(file), device=str(self.device)))
+        unexpected = getattr(result, "unexpected_keys", None) or []
+        if unexpected:
+            raise CheckpointError(f"{file} does not fit the model: unexpected keys {unexpected[:3]}")

@@ -1,0 +1,50 @@
+"""The outer loop's losses on one assistant turn, as Tinker defines them.
+
+    importance_sampling   per completion token t:  −exp(logp_θ(t) − logp_sampled(t)) · A
+                          summed over the batch's completion tokens, divided by their number
+
+Only completion tokens enter: the prompt (system prompt, task, earlier turns, tool results)
+is context for the forward pass and gets no loss of its own. When the weights equal the
+sampling weights the ratio is 1 and the gradient is the plain policy gradient A·∇logp_θ;
+when the sampler was a few steps behind, the ratio corrects for it (no clipping: Tinker's
+`importance_sampling` does not clip either).
+
+    nll                   −Σ logp_θ(t) over completion tokens (supervised warm start)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def completion_logprobs(model: Any, prompt_ids: list[int], completion_ids: list[int],
+                        temperature: float = 1.0) -> Any:
+    """logp_θ of each completion token given everything before it, at the sampling temperature
+    (0 = greedy: temperature 1, as the sampler records it). A 1-D float32 tensor with grad."""
+    import torch
+
+    if not completion_ids:
+        return torch.zeros(0, device=model.device)
+    ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=model.device)
+    n = len(completion_ids)
+    # Only the positions that predict completion tokens: the last n + 1 logits, less the very last.
+    logits = model(input_ids=ids, logits_to_keep=n + 1).logits[0, :-1].float()
+    if temperature > 0:
+        logits = logits / temperature
+    targets = torch.tensor(completion_ids, device=logits.device)
+    return torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0]
+
+
+def importance_sampling_loss(logp_new: Any, logp_sampled: Any, advantage: float) -> Any:
+    """−Σ_t exp(logp_new − logp_sampled)·A over one turn's completion tokens (the caller divides
+    by the batch's completion-token count)."""
+    import torch
+
+    old = torch.as_tensor(logp_sampled, dtype=logp_new.dtype, device=logp_new.device)
+    ratio = torch.exp(logp_new - old)
+    return -(ratio * advantage).sum()
+
+
+def nll_loss(logp_new: Any) -> Any:
+    """−Σ_t logp_new: supervised fine-tuning on the completion tokens."""
+    return -logp_new.sum()

@@ -1,0 +1,260 @@
+"""The outer loop: RL on the agent that writes training jobs (`ait train`).
+
+    train(config, run_dir)
+      backend ← make_backend(config), or the latest checkpoint of run_dir (resume)
+      for step in start+1 .. max_steps (while under budget_usd):
+          sampler.fill()                                    groups of G episodes start on threads
+          groups, dropped ← sampler.take(groups_per_step)   too-stale groups dropped, re-sampled
+          stats ← backend.train_step(groups)                importance-sampling policy gradient
+          sampler.fill()                                    sampling goes on while the next step waits
+          heldout ← held-out (triage) episodes, when due
+          metrics.jsonl ← step_metrics(...)                 one row per step
+          checkpoint, when due and at the end
+
+Run directory:
+
+    RUN_DIR/config.json        the resolved OuterConfig (a resume without --config reads it)
+    RUN_DIR/manifest.json      versions, start time, resumes
+    RUN_DIR/metrics.jsonl      one row per step (ait.outer.metrics.KEYS)
+    RUN_DIR/checkpoints/step_N ait.outer.checkpoint
+    RUN_DIR/episodes/<id>/     every training episode's run directory (ait.runs)
+    RUN_DIR/costs.jsonl        the spend ledger of every episode of the run (unless [episode] ledger_path)
+    RUN_DIR/heldout/<id>/      every held-out episode's
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import random
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ait.harness.types import EpisodeConfig
+from ait.outer import checkpoint as ckpt
+from ait.outer.backends import make_backend
+from ait.outer.config import OuterConfig
+from ait.outer.metrics import Episode, MetricsLog, step_metrics
+from ait.outer.rollouts import GroupSampler, play
+from ait.outer.tasks import training_tasks
+from ait.runs import new_run_id, runs_root, versions
+from ait.spec import load_spec
+
+
+class OuterRunError(ValueError):
+    """A run that cannot start: no tasks, nothing to resume, a config that does not fit the run."""
+
+
+@dataclass
+class Run:
+    """An open run: its directory, backend, sampler, metrics log and the state it starts from."""
+
+    dir: Path
+    config: OuterConfig
+    backend: Any
+    sampler: GroupSampler
+    metrics: MetricsLog
+    state: ckpt.LoopState
+    episode_config: EpisodeConfig
+    heldout_paths: list[Path]
+
+    def groups_needed(self, step: int) -> int:
+        """Groups the steps after `step` still train on."""
+        return (self.config.max_steps - step) * self.config.groups_per_step
+
+    def heldout_due(self, step: int) -> bool:
+        return bool(self.heldout_paths) and (step % self.config.heldout_every == 0 or step == self.config.max_steps)
+
+    def checkpoint(self, step: int, usd_total: float) -> None:
+        state = ckpt.LoopState(step=step, config_digest=self.config.digest(),
+                               rng_state=ckpt.rng_to_json(self.sampler.rng), groups_launched=self.sampler.launched,
+                               usd_total=usd_total)
+        ckpt.save_checkpoint(self.dir, self.backend, state)
+
+    def close(self) -> None:
+        self.sampler.close()
+        if close := getattr(self.backend, "close", None):
+            close()
+
+
+def train(config: OuterConfig, run_dir: str | Path | None = None, *, resume: bool = False,
+          on_step: Callable[[dict[str, Any]], None] | None = None,
+          on_event: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run (or resume) the outer loop up to config.max_steps; returns a summary."""
+    say = on_event or (lambda _msg: None)
+    run = open_run(config, run_dir, resume, say)
+    config, backend, sampler = run.config, run.backend, run.sampler
+    step, usd_total, stopped, saved_at = run.state.step, run.state.usd_total, "max_steps", run.state.step
+    row: dict[str, Any] = {}
+    t_last = time.monotonic()
+    try:
+        while step < config.max_steps:
+            if config.budget_usd is not None and usd_total >= config.budget_usd:
+                stopped = "budget"
+                say(f"budget of ${config.budget_usd:g} reached (${usd_total:.4f} spent)")
+                break
+            sampler.fill(run.groups_needed(step))  # tops up: a no-op when the last step's fill already did
+            say(f"step {step + 1}: waiting for {config.groups_per_step} group(s)")
+            version = backend.step
+            groups, dropped = sampler.take(config.groups_per_step, version, run.groups_needed(step))
+            say(f"step {step + 1}: training")
+            stats = backend.train_step([g.group for g in groups])
+            step += 1
+            sampler.fill(run.groups_needed(step))  # the next step's groups sample while this one finishes
+            heldout = None
+            if run.heldout_due(step):
+                say(f"step {step}: held-out evaluation")
+                heldout = evaluate_heldout(run, step)
+            usd = sum(g.usd for g in groups + dropped) + sum(e.result.cost.total_usd for e in heldout or [])
+            usd_total += usd
+            now = time.monotonic()
+            row = step_metrics(step, groups, stats, version=backend.step, seconds=now - t_last,
+                               staleness=[version - g.group.policy_version for g in groups],
+                               resampled=len(dropped), usd=usd, usd_total=usd_total, heldout=heldout)
+            t_last = now
+            run.metrics.append(row)
+            if step % config.checkpoint_every == 0 or step == config.max_steps:
+                run.checkpoint(step, usd_total)
+                saved_at = step
+            if on_step:
+                on_step(row)
+        if saved_at != step:
+            run.checkpoint(step, usd_total)
+    finally:
+        run.close()
+    rows = run.metrics.rows()
+    latest = ckpt.latest(run.dir)
+    return {"run_dir": str(run.dir), "step": step, "max_steps": config.max_steps, "stopped": stopped,
+            "policy_version": backend.step, "reward_first": rows[0]["reward_mean"] if rows else None,
+            "reward_last": rows[-1]["reward_mean"] if rows else None, "usd_total": usd_total,
+            "checkpoint": str(latest) if latest else None, "metrics": str(run.metrics.path), "last": row}
+
+
+def open_run(config: OuterConfig, run_dir: str | Path | None, resume: bool, say: Callable[[str], None]) -> Run:
+    """Directory, manifest, (warm-started or resumed) backend, sampler: everything the loop starts from."""
+    import torch
+
+    run_dir = Path(run_dir or runs_root() / new_run_id("outer")).resolve()
+    task_paths = resolve_tasks(config.tasks)
+    heldout_paths = resolve_tasks(config.heldout_tasks) if config.heldout_every else []
+    torch.manual_seed(config.seed)
+    if config.warmstart.steps and not resume and not config.policy.init_checkpoint:
+        say(f"warm start: {config.warmstart.steps} supervised steps on reference transcripts")
+        config = with_warm_start(config, task_paths)
+    state = start_run(run_dir, config, resume)
+    configure_local_slots(config)
+    say("loading the policy")
+    backend = make_backend(config)
+    if resume:
+        backend.load(str(ckpt.latest(run_dir) / "backend"))
+    metrics = MetricsLog(run_dir / "metrics.jsonl")
+    metrics.truncate_after(state.step)  # rows a crash left past the checkpoint are written again
+    episodes_cfg = episode_config(config, run_dir)
+    sampler = GroupSampler(backend=backend, task_paths=task_paths, rng=ckpt.rng_from_json(state.rng_state),
+                           episode_config=episodes_cfg, runs_dir=run_dir / "episodes",
+                           group_size=config.num_generations, groups_per_step=config.groups_per_step,
+                           max_off_policy=config.max_steps_off_policy, concurrency=config.concurrency,
+                           seed=config.seed, groups_launched=state.groups_launched)
+    return Run(dir=run_dir, config=config, backend=backend, sampler=sampler, metrics=metrics, state=state,
+               episode_config=episodes_cfg, heldout_paths=heldout_paths)
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+
+def resolve_tasks(patterns: list[str]) -> list[Path]:
+    """Paths and globs -> TaskSpec files (in order, without duplicates)."""
+    out: list[Path] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) or ([pattern] if Path(pattern).is_file() else [])
+        if not matches:
+            raise OuterRunError(f"tasks: {pattern!r} matches no file")
+        out += [Path(m).resolve() for m in matches if Path(m).resolve() not in out]
+    return out
+
+
+def episode_config(config: OuterConfig, run_dir: Path) -> EpisodeConfig:
+    """The harness config of every episode: the [episode] table plus the run's limits."""
+    update: dict[str, Any] = {"timeout_s": config.episode_timeout_s, "run_group": run_dir.name}
+    if config.episode.ledger_path is None:  # training and held-out episodes share one ledger (and budget)
+        update["ledger_path"] = str(run_dir / "costs.jsonl")
+    if config.budget_usd is not None and config.episode.run_budget_usd is None:
+        update["run_budget_usd"] = config.budget_usd
+    return config.episode.model_copy(update=update)
+
+
+def configure_local_slots(config: OuterConfig) -> None:
+    """With executor = local, the process-wide slot pool packs `jobs_per_gpu` inner jobs per GPU."""
+    if config.episode.executor != "local" or config.jobs_per_gpu == 1:
+        return
+    from ait.compute import local
+
+    with local._shared_lock:  # the pool every episode of this process shares
+        local._shared = local.LocalExecutor(local.slot_envs(None, local.detect_gpus(), config.jobs_per_gpu))
+
+
+def start_run(run_dir: Path, config: OuterConfig, resume: bool) -> ckpt.LoopState:
+    """A fresh run's directory and state, or a resumed run's state from its latest checkpoint."""
+    manifest_path = run_dir / "manifest.json"
+    if resume:
+        latest = ckpt.latest(run_dir)
+        if latest is None:
+            raise OuterRunError(f"nothing to resume: {run_dir} has no checkpoints/step_N/state.json")
+        state = ckpt.load_state(latest)
+        manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+        manifest.setdefault("resumes", []).append({"at": time.time(), "from_step": state.step,
+                                                   "config_changed": state.config_digest != config.digest()})
+    else:
+        if (run_dir / "metrics.jsonl").exists() or ckpt.latest(run_dir) is not None:
+            raise OuterRunError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it")
+        training = training_tasks(resolve_tasks(config.tasks))
+        if not training:
+            raise OuterRunError("tasks: every task given is held out (or none given); nothing to train on")
+        state = ckpt.LoopState(step=0, config_digest=config.digest(),
+                               rng_state=ckpt.rng_to_json(random.Random(config.seed)))
+        manifest = {"kind": "outer", "started_at": time.time(), "versions": versions(), "resumes": []}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    manifest.update({"config": config.model_dump(mode="json"), "config_digest": config.digest()})
+    manifest_path.write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    (run_dir / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
+    return state
+
+
+def with_warm_start(config: OuterConfig, task_paths: list[Path]) -> OuterConfig:
+    """The config with [policy] init_checkpoint set to a (cached) reference warm start."""
+    from ait.outer.warmstart import build_warm_start
+
+    specs = [spec for spec, _ in training_tasks(task_paths)]
+    w = config.warmstart
+    path = build_warm_start(config, specs, steps=w.steps, learning_rate=w.learning_rate, batch_size=w.batch_size)
+    update = config.policy.model_copy(update={"init_checkpoint": str(path)})
+    return config.model_copy(update={"policy": update})
+
+
+def evaluate_heldout(run: Run, step: int) -> list[Episode]:
+    """heldout_episodes episodes spread over the held-out tasks, at heldout_temperature, with the policy
+    after this step's update (beside the training episodes, on threads of their own)."""
+    config = run.config
+    specs = [(load_spec(p), p) for p in run.heldout_paths]
+    n = config.heldout_episodes
+    with ThreadPoolExecutor(max_workers=min(config.concurrency, n), thread_name_prefix="ait-heldout") as pool:
+        futures = []
+        for i in range(n):
+            spec, path = specs[i % len(specs)]
+            seed = (config.seed * 7_919 + step * 101 + i) % 2**63
+            futures.append(pool.submit(play, run.backend, spec, path, run.episode_config, run.dir / "heldout",
+                                       f"s{step:05d}-{i}-{spec.id}", seed, run.sampler.stopping,
+                                       config.heldout_temperature))
+        return [f.result() for f in futures]
+
+
+def load_run_config(run_dir: Path) -> OuterConfig:
+    """The config a run was started (or last resumed) with."""
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise OuterRunError(f"{path} not found: not an outer-loop run directory")
+    return OuterConfig.model_validate_json(path.read_text())

@@ -1,0 +1,187 @@
+"""metrics.jsonl: one flat JSON object per outer step (the report and any other sink read these keys).
+
+Every row has every key of `KEYS`; a mean over nothing (no job finished this step) is null,
+a share over nothing is {}. Held-out keys appear only on held-out steps. The backend's own
+figures (grad norm, drift between sampler and learner, ...) follow as `trainer/<name>`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import tomllib
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from ait.harness.types import EpisodeResult, StopReason
+from ait.job.types import JobConfig, TrainConfig
+from ait.outer.types import StepStats, Trajectory, TrajectoryGroup
+
+KEYS: dict[str, str] = {
+    "step": "outer steps completed (1-based; a resumed run continues the count)",
+    "time": "unix time the row was written",
+    "seconds": "wall seconds of this step (waiting for groups, training, held-out eval, checkpoint)",
+    "policy_version": "the backend's optimizer steps after this step (below `step` when steps had no signal)",
+    "episodes": "training episodes in the groups trained on",
+    "reward_mean": "mean episode reward (ait.reward total) of those episodes",
+    "reward_std": "population standard deviation of those rewards",
+    "validation": "mean of the reward's validation term (1 − (k−1)/K, 0 if never valid)",
+    "job_quality": "mean of the reward's job-quality term (0.25·post + 0.75·uplift_term; 0 if no job finished)",
+    "speed": "mean of the reward's train-speed term",
+    "post_mean": "mean hidden post score over episodes whose scored job finished (null if none)",
+    "uplift_mean": "mean post − best_pre over episodes with both (null if none)",
+    "valid_rate": "fraction of episodes that submitted a valid job",
+    "base_model_share": "{base model: fraction} over episodes whose scored job ran",
+    "hparam_use": "{job.toml [train] key: fraction of the jobs run that set it beyond the template default}",
+    "staleness_mean": "mean over trained groups of (policy version at training − version the group was sampled at)",
+    "staleness_max": "largest such staleness",
+    "resampled_groups": "groups dropped this step for exceeding max_steps_off_policy (and sampled again)",
+    "timed_out": "training episodes that hit episode_timeout_s (scored as they stood)",
+    "policy_tokens": "completion tokens the policy sampled in those episodes",
+    "train_tokens": "completion tokens in the optimizer step's batch",
+    "loss": "the step's importance-sampling loss (sum over tokens / tokens; 0 when skipped)",
+    "usd": "USD (LLM + jobs) of every episode consumed this step: trained, dropped as stale, held out",
+    "usd_total": "USD of the run so far",
+}
+HELDOUT_KEYS: dict[str, str] = {
+    "heldout_reward": "mean reward of the held-out (triage) episodes, policy after this step's update",
+    "heldout_n": "held-out episodes run",
+}
+
+
+@dataclass
+class Episode:
+    """One finished episode as the loop keeps it: the trainable trajectory and the harness's result."""
+
+    trajectory: Trajectory
+    result: EpisodeResult
+
+
+@dataclass
+class SampledGroup:
+    """A finished group and what metrics need beyond the TrajectoryGroup."""
+
+    group: TrajectoryGroup
+    episodes: list[Episode] = field(default_factory=list)
+
+    @property
+    def usd(self) -> float:
+        return sum(e.result.cost.total_usd for e in self.episodes)
+
+
+def trajectory_components(result: EpisodeResult) -> dict[str, float]:
+    """The reward decomposition and job figures for Trajectory.components."""
+    r = result.reward
+    out = {"validation": r.validation, "job_quality": r.job_quality, "speed": r.train_speed,
+           "uplift_term": r.uplift_term, "valid": float(r.valid_attempt is not None),
+           "usd": result.cost.total_usd}
+    if r.post is not None:
+        out["post"] = r.post
+    if r.post is not None and r.best_pre is not None:
+        out["uplift"] = r.post - r.best_pre
+    return out
+
+
+def template_defaults() -> dict[str, Any]:
+    """[train] values a job gets without touching them: the workspace template's, else the model's defaults."""
+    template = tomllib.loads((files("ait") / "job" / "template" / "job.toml").read_text())
+    defaults = {name: f.default for name, f in TrainConfig.model_fields.items() if not f.is_required()}
+    for key, value in template.get("train", {}).items():
+        name = {"group_size": "num_generations", "max_completion_tokens": "max_completion_length",
+                "max_turns": "max_tool_calling_iterations"}.get(key, key)
+        defaults[name] = value
+    return defaults
+
+
+def keys_set(config: JobConfig, defaults: dict[str, Any]) -> set[str]:
+    """[train] keys whose value differs from what the template would have given."""
+    values = config.train.model_dump()
+    return {k for k, v in values.items() if k in defaults and v != defaults[k]}
+
+
+def jobs_configs(result: EpisodeResult) -> list[JobConfig]:
+    """The job.toml of every job the episode ran (from the submission whose probe admitted it)."""
+    by_attempt = {s.attempt: s.report.config for s in result.submissions}
+    return [c for rec in result.jobs if (c := by_attempt.get(rec.attempt)) is not None]
+
+
+def mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def step_metrics(step: int, groups: list[SampledGroup], stats: StepStats, *, version: int, seconds: float,
+                 staleness: list[int], resampled: int, usd: float, usd_total: float,
+                 heldout: list[Episode] | None = None) -> dict[str, Any]:
+    episodes = [e for g in groups for e in g.episodes]
+    rewards = [e.trajectory.reward for e in episodes]
+    results = [e.result for e in episodes]
+    mu = mean(rewards) or 0.0
+    scored = [r.job.base_model for r in results if r.job is not None and r.job.base_model]
+    configs = [c for r in results for c in jobs_configs(r)]
+    defaults = template_defaults()
+    used = [keys_set(c, defaults) for c in configs]
+    row: dict[str, Any] = {
+        "step": step, "time": time.time(), "seconds": seconds, "policy_version": version,
+        "episodes": len(episodes),
+        "reward_mean": mu,
+        "reward_std": math.sqrt(sum((r - mu) ** 2 for r in rewards) / len(rewards)) if rewards else 0.0,
+        "validation": mean([r.reward.validation for r in results]),
+        "job_quality": mean([r.reward.job_quality for r in results]),
+        "speed": mean([r.reward.train_speed for r in results]),
+        "post_mean": mean([r.reward.post for r in results if r.reward.post is not None]),
+        "uplift_mean": mean([r.reward.post - r.reward.best_pre for r in results
+                             if r.reward.post is not None and r.reward.best_pre is not None]),
+        "valid_rate": mean([float(r.reward.valid_attempt is not None) for r in results]),
+        "base_model_share": {m: scored.count(m) / len(scored) for m in sorted(set(scored))},
+        "hparam_use": {k: sum(k in u for u in used) / len(used) for k in sorted(defaults)} if used else {},
+        "staleness_mean": mean([float(s) for s in staleness]) or 0.0,
+        "staleness_max": max(staleness, default=0),
+        "resampled_groups": resampled,
+        "timed_out": sum(e.trajectory.timed_out for e in episodes),
+        "policy_tokens": sum(len(t.completion_ids) for e in episodes for t in e.trajectory.turns),
+        "train_tokens": stats.tokens,
+        "loss": stats.loss,
+        "usd": usd,
+        "usd_total": usd_total,
+    }
+    if heldout is not None:
+        row["heldout_reward"] = mean([e.trajectory.reward for e in heldout])
+        row["heldout_n"] = len(heldout)
+    row.update({f"trainer/{k}": v for k, v in stats.extra.items()})
+    return row
+
+
+def timed_out(result: EpisodeResult) -> bool:
+    return result.stop_reason is StopReason.timeout
+
+
+class MetricsLog:
+    """RUN_DIR/metrics.jsonl, appended one row per step; `truncate_after` drops rows a crash left
+    beyond the checkpoint a run resumes from, so no step appears twice."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def append(self, row: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+
+    def rows(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        out = []
+        for line in self.path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line torn by a crash
+        return out
+
+    def truncate_after(self, step: int) -> None:
+        keep = [r for r in self.rows() if isinstance(r.get("step"), int) and r["step"] <= step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in keep))
+        tmp.replace(self.path)

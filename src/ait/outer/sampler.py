@@ -1,0 +1,193 @@
+"""Sampling the agent for many concurrent episodes from one in-memory model.
+
+    SamplingEngine   one thread owns the sampling model; episodes' requests queue up and are
+                     generated together (left-padded batch, KV cache); `refresh` swaps in new
+                     weights between batches
+    EnginePolicy     an HFPolicy (render, fit, parse, TokenTrace) whose `sample` goes through
+                     the engine, with its own seeded generator: an episode's replies depend on
+                     its seed and the weights, not on which other episodes shared its batch
+
+The decode loop is written out rather than `model.generate` so that each row draws from its
+own generator (Gumbel-max: argmax(logp + Gumbel noise) is an exact sample of softmax(logp)),
+and the recorded logprobs are exactly those of the distribution sampled from: the model's
+logits at the sampling temperature, no top-k / top-p. Greedy (temperature 0) records
+logprobs at temperature 1, as HFPolicy does.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import warnings
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from ait.policy.hf_policy import HFPolicy
+from ait.spec import TaskSpec
+
+# transformers >= 5.24 renames the cache argument; the older name still works (the GPU image has 5.17).
+warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    temperature: float
+    max_new_tokens: int
+    generator: Any
+    future: Future = field(default_factory=Future)
+
+
+def eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Every id that ends a reply: the tokenizer's eos and the generation config's."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured:
+        ids.update(configured)
+    return ids
+
+
+def generate_batch(model: Any, requests: list[Request], pad_id: int, stop_ids: set[int]) -> list[tuple[list[int], list[float]]]:
+    """Sample each request's reply (same temperature and length cap across the batch); returns
+    (ids, logprobs) per request, the end-of-turn token included when sampled."""
+    import torch
+    from transformers import DynamicCache
+
+    device = model.device
+    temperature, max_new = requests[0].temperature, requests[0].max_new_tokens
+    width = max(len(r.prompt_ids) for r in requests)
+    rows = len(requests)
+    input_ids = torch.full((rows, width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((rows, width), dtype=torch.long, device=device)
+    for i, r in enumerate(requests):
+        input_ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, device=device)
+        mask[i, width - len(r.prompt_ids):] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    stop = torch.tensor(sorted(stop_ids), device=device)
+    out_ids: list[list[int]] = [[] for _ in requests]
+    out_lp: list[list[float]] = [[] for _ in requests]
+    done = torch.zeros(rows, dtype=torch.bool, device=device)
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                       use_cache=True, logits_to_keep=1).logits[:, -1].float()
+        for _ in range(max_new):
+            logp = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
+            if temperature > 0:
+                noise = torch.stack([torch.rand(logp.shape[-1], generator=r.generator, device=device)
+                                     for r in requests])
+                gumbel = -torch.log(-torch.log(noise.clamp(min=1e-20, max=1.0 - 1e-7)))
+                nxt = torch.argmax(logp + gumbel, dim=-1)
+            else:
+                nxt = torch.argmax(logp, dim=-1)
+            chosen = logp.gather(1, nxt[:, None])[:, 0]
+            for i, (tok, lp) in enumerate(zip(nxt.tolist(), chosen.tolist())):
+                if not done[i]:
+                    out_ids[i].append(tok)
+                    out_lp[i].append(lp)
+            done |= torch.isin(nxt, stop)
+            if bool(done.all()):
+                break
+            mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype, device=device)], dim=1)
+            positions = positions[:, -1:] + 1
+            logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=positions,
+                           past_key_values=cache, use_cache=True).logits[:, -1].float()
+    return list(zip(out_ids, out_lp))
+
+
+class SamplingEngine:
+    """Owns the sampling model; one worker thread generates queued requests in batches."""
+
+    def __init__(self, model: Any, tokenizer: Any, max_batch: int = 16, version: int = 0):
+        self.model, self.tokenizer, self.max_batch = model, tokenizer, max_batch
+        self.version = version
+        """Optimizer steps of the weights being sampled from."""
+        self.stop_ids = eos_ids(model, tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.stop_ids)
+        self.lock = threading.Lock()  # held while a batch generates and while weights are swapped
+        self.tokenizer_lock = threading.Lock()  # a fast tokenizer is not safe to call from several threads at once
+        self.requests: queue.Queue[Request | None] = queue.Queue()
+        self.batches = 0
+        self.tokens = 0
+        self._worker = threading.Thread(target=self._run, name="ait-sampler", daemon=True)
+        self._worker.start()
+
+    def sample(self, prompt_ids: list[int], temperature: float, max_new_tokens: int,
+               generator: Any) -> tuple[list[int], list[float]]:
+        request = Request(list(prompt_ids), temperature, max_new_tokens, generator)
+        self.requests.put(request)
+        return request.future.result()
+
+    def refresh(self, update: Any, version: int) -> None:
+        """Swap in new weights between batches: `update(model)` copies them in place."""
+        with self.lock:
+            update(self.model)
+            self.version = version
+
+    def close(self) -> None:
+        self.requests.put(None)
+
+    def _run(self) -> None:
+        while True:
+            first = self.requests.get()
+            if first is None:
+                return
+            pending = [first]
+            while len(pending) < self.max_batch:
+                try:
+                    nxt = self.requests.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self.requests.put(None)  # close after this batch
+                    break
+                pending.append(nxt)
+            by_key: dict[tuple[float, int], list[Request]] = {}
+            for r in pending:
+                by_key.setdefault((r.temperature, r.max_new_tokens), []).append(r)
+            for batch in by_key.values():
+                try:
+                    with self.lock:
+                        results = generate_batch(self.model, batch, self.pad_id, self.stop_ids)
+                except BaseException as e:  # noqa: BLE001 - each waiting episode sees the error
+                    for r in batch:
+                        r.future.set_exception(e)
+                    continue
+                self.batches += 1
+                for r, res in zip(batch, results):
+                    self.tokens += len(res[0])
+                    r.future.set_result(res)
+
+
+class EnginePolicy(HFPolicy):
+    """An HFPolicy for one episode, sampling through a shared engine with its own seed."""
+
+    def __init__(self, engine: SamplingEngine, model_name: str, *, temperature: float, max_new_tokens: int,
+                 seed: int, max_context: int | None = None):
+        super().__init__(model_name, temperature=temperature, max_new_tokens=max_new_tokens,
+                         max_context=max_context, seed=seed, loaded=(engine.model, engine.tokenizer))
+        self.engine = engine
+        self.settings["engine_version"] = engine.version
+
+    def reset(self, spec: TaskSpec) -> None:
+        import torch
+
+        self.turn = 0
+        self.generator = torch.Generator(device=self.engine.model.device)
+        self.generator.manual_seed(int(self.seed or 0))
+
+    def render(self, messages, tools):
+        with self.engine.tokenizer_lock:
+            return super().render(messages, tools)
+
+    def parse(self, prompt_ids, ids, tools):
+        with self.engine.tokenizer_lock:
+            return super().parse(prompt_ids, ids, tools)
+
+    def sample(self, prompt_ids: list[int]) -> tuple[list[int], list[float]]:
+        if not hasattr(self, "generator"):
+            self.reset(None)  # type: ignore[arg-type]
+        return self.engine.sample(prompt_ids, self.temperature, self.max_new_tokens, self.generator)

@@ -1,0 +1,160 @@
+"""A supervised warm start: distil the reference agent's tool use into the trainable policy.
+
+An untrained small agent almost never emits a well-formed tool call, so it never submits,
+every episode of a group scores the same (−0.1) and RL has nothing to learn from. A short
+SFT on the reference policy's transcripts teaches the tool-call format and the shape of an
+episode (list, read, check baselines, write, submit), so that sampled episodes differ and
+some submit. The rewards stay honest: they come from the harness as for any policy.
+
+    reference_transcript   drive the harness tools with the scripted reference policy up to its
+                           submit_job call (nothing is probed or trained: the call is only the target)
+    sft_examples           (prompt ids, completion ids) per assistant turn, rendered exactly as the
+                           sampling policy renders them (chat template, tool schemas, context fitting)
+    sft_warm_start         SFT a LocalBackend on the assistant turns of any transcripts and save its
+                           adapter; cached by a digest of everything that determines it, under
+                           AIT_HOME/warmstart/
+    build_warm_start       sft_warm_start on the reference transcripts of a set of tasks
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ait.evals.baselines import BaselineStore
+from ait.harness.episode import READ_ONLY, opening_messages, seed_workspace
+from ait.harness.tools import TOOL_SCHEMAS, EpisodeTools
+from ait.harness.types import Message, PolicyStop
+from ait.harness.workspace_tools import WorkspaceTools
+from ait.home import ait_home
+from ait.policy.chat import to_template
+from ait.policy.reference import ReferencePolicy
+from ait.spec import TaskSpec
+
+WARMSTART_VERSION = "ws-v2"
+
+
+def reference_transcript(spec: TaskSpec, workdir: Path, baselines: BaselineStore | None = None) -> list[Message]:
+    """The reference agent's conversation up to and including its submit_job call."""
+    workspace = workdir / "workspace"
+    seed_workspace(workspace, spec)
+    tools = EpisodeTools(WorkspaceTools(workspace, read_only=READ_ONLY), spec,
+                         submit=lambda: "not run (warm-start transcript)", baselines=baselines)
+    messages = opening_messages(spec)
+    agent = ReferencePolicy(jobs=1)
+    agent.reset(spec)
+    for _ in range(50):
+        reply = agent.act(messages, TOOL_SCHEMAS)
+        messages.append(reply)
+        if not reply.tool_calls or any(c.name == "submit_job" for c in reply.tool_calls):
+            break
+        for call in reply.tool_calls:
+            messages.append(Message(role="tool", content=tools.dispatch(call), tool_call_id=call.id, name=call.name))
+    return messages
+
+
+def completion_ids(tokenizer: Any, history: list[Message], reply: Message) -> list[int]:
+    """The tokens a model emits for `reply` after `history`: the full render minus the prompt render,
+    through the end-of-turn token."""
+    prompt = tokenizer.apply_chat_template(to_template(history), tools=TOOL_SCHEMAS, tokenize=False,
+                                           add_generation_prompt=True)
+    full = tokenizer.apply_chat_template(to_template([*history, reply]), tools=TOOL_SCHEMAS, tokenize=False,
+                                         add_generation_prompt=False)
+    if not full.startswith(prompt):
+        raise ValueError("the chat template does not render the reply as a continuation of its prompt")
+    text = full[len(prompt):]
+    end = tokenizer.eos_token or ""
+    if end and end in text:
+        text = text[:text.index(end) + len(end)]
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def sft_examples(policy: Any, transcript: list[Message], max_completion: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, completion ids) per assistant turn whose reply fits `max_completion` tokens (a
+    longer one could never be sampled whole) and whose prompt fits the model's context. `policy` is
+    an HFPolicy: its `fit` renders the prompt as sampling does."""
+    out = []
+    for i, m in enumerate(transcript):
+        if m.role != "assistant":
+            continue
+        completion = completion_ids(policy.tokenizer, transcript[:i], m)
+        if len(completion) > max_completion:
+            continue
+        try:
+            prompt, _ = policy.fit(transcript[:i], TOOL_SCHEMAS)
+        except PolicyStop:  # the conversation so far outgrows the model's context
+            continue
+        out.append((prompt, completion))
+    return out
+
+
+def build_warm_start(config: Any, specs: list[TaskSpec], *, steps: int = 60, learning_rate: float = 3e-3,
+                     batch_size: int = 8, cache_dir: Path | None = None) -> Path:
+    """A warm-start checkpoint for `config`'s policy (local backend), SFT'd for `steps` steps on the
+    reference transcripts of `specs`. Returns its directory (usable as [policy] init_checkpoint)."""
+    with tempfile.TemporaryDirectory(prefix="ait-warmstart-") as tmp:
+        transcripts = [reference_transcript(spec, Path(tmp) / str(i)) for i, spec in enumerate(specs)]
+    return sft_warm_start(config, transcripts, steps=steps, learning_rate=learning_rate, batch_size=batch_size,
+                          cache_dir=cache_dir, note={"source": "reference", "tasks": [s.id for s in specs]})
+
+
+def sft_warm_start(config: Any, transcripts: list[list[Message]], *, steps: int, learning_rate: float,
+                   batch_size: int = 8, cache_dir: Path | None = None, note: dict[str, Any] | None = None) -> Path:
+    """A warm-start checkpoint for `config`'s policy (local backend): `steps` AdamW steps of next-token
+    loss on the assistant turns of `transcripts` (each turn a target given everything before it, rendered
+    as the sampling policy renders it: `sft_examples`), `batch_size` turns per step drawn with
+    config.seed, from an adapter initialised with config.seed. Cached under AIT_HOME/warmstart (or
+    `cache_dir`) by a digest of everything that determines it; `note` is recorded in its
+    warmstart.json. Returns its directory (usable as [policy] init_checkpoint)."""
+    import torch
+
+    from ait.outer.backends.local import LocalBackend
+
+    sft_config = config.model_copy(deep=True)
+    sft_config.trainer.learning_rate = learning_rate
+    sft_config.policy.init_checkpoint = None
+    sft_config.warmstart.steps = 0
+    key = json.dumps({"v": WARMSTART_VERSION, "model": config.policy.model, "trainer": sft_config.trainer.model_dump(),
+                      "max_new_tokens": config.policy.max_new_tokens, "max_context": config.policy.max_context,
+                      "transcripts": [[m.model_dump_json() for m in t] for t in transcripts], "steps": steps,
+                      "bs": batch_size, "seed": config.seed}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    dest = (cache_dir or ait_home() / "warmstart") / f"{config.policy.model.replace('/', '_')}-{digest}"
+    if (dest / "backend.json").is_file():
+        return dest
+    with torch.random.fork_rng(devices=[]):  # peft initialises LoRA on the CPU; the caller's RNG stays as it was
+        torch.random.default_generator.manual_seed(config.seed)
+        backend = LocalBackend(sft_config)
+    try:
+        policy = backend.policy()
+        examples = [e for t in transcripts for e in sft_examples(policy, t, config.policy.max_new_tokens)]
+        if not examples:
+            raise ValueError("no assistant turn fits policy.max_new_tokens: nothing to distil")
+        rng = random.Random(config.seed)
+        losses = []
+        for _ in range(steps):
+            losses.append(backend.sft_step(rng.sample(examples, min(batch_size, len(examples)))))
+        tmp_dest = Path(tempfile.mkdtemp(prefix=".ws-", dir=dest.parent if dest.parent.exists()
+                                         else _mkdir(dest.parent)))
+        backend.save(str(tmp_dest))
+        (tmp_dest / "warmstart.json").write_text(json.dumps({
+            **(note or {}), "examples": len(examples), "steps": steps, "learning_rate": learning_rate,
+            "batch_size": batch_size, "loss_first": losses[0] if losses else None,
+            "loss_last": losses[-1] if losses else None}, indent=2) + "\n")
+        try:
+            tmp_dest.rename(dest)
+        except OSError:  # built meanwhile by another process: theirs is identical
+            shutil.rmtree(tmp_dest, ignore_errors=True)
+        return dest
+    finally:
+        backend.close()
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,87 @@
+"""metrics.jsonl rows: the reward decomposition, job figures, base-model shares and the use of the
+hyperparameter surface, computed from the episodes' own results."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from ait.harness.types import EpisodeResult, JobRecord, StopReason, Submission
+from ait.job.types import JobConfig, JobResult
+from ait.metering import CostSummary, JobCost
+from ait.outer.metrics import KEYS, Episode, SampledGroup, step_metrics
+from ait.outer.types import StepStats, Trajectory, TrajectoryGroup, Turn
+from ait.probe.types import ProbeReport
+from ait.reward import RewardBreakdown
+
+TEMPLATE = {"job": {"base_model": "tiny"},
+            "train": {"max_steps": 1, "learning_rate": 1e-4, "num_generations": 2, "max_completion_length": 32}}
+
+
+def episode(reward: float, *, job_toml: dict | None = None, post: float | None = None, best_pre: float | None = None,
+            model: str = "tiny", timed_out: bool = False, usd: float = 0.0) -> Episode:
+    submissions, jobs, job = [], [], None
+    if job_toml is not None:
+        config = JobConfig.model_validate(job_toml)
+        submissions = [Submission(attempt=1, parseable=True, report=ProbeReport(valid=True, config=config))]
+        job = JobResult(job_id="j", ok=post is not None, base_model=model, post=post, pre=best_pre)
+        jobs = [JobRecord(attempt=1, job_id="j", result=job,
+                          cost=JobCost(gpus=0, wall_s=1, gpu_seconds=0, cpu_seconds=1, usd=usd))]
+    r = RewardBreakdown(total=reward, validation=1.0 if job_toml else 0.0, job_quality=0.5 if post else 0.0,
+                        train_speed=0.2 if post else 0.0, post=post, best_pre=best_pre,
+                        valid_attempt=1 if job_toml else None, max_attempts=3, parseable_submission=reward > -0.1)
+    result = EpisodeResult(run_id="e", run_dir="/x", task_id="t", policy="p",
+                           stop_reason=StopReason.timeout if timed_out else StopReason.job_done, turns=3,
+                           submissions=submissions, job=job, jobs=jobs, reward=r, wall_seconds=1.0,
+                           cost=CostSummary(job_usd=usd, jobs=len(jobs)))
+    turn = Turn(prompt_ids=[1, 2], completion_ids=[3, 4, 5], logprobs=[-1.0, -1.0, -1.0])
+    trajectory = Trajectory(episode_id="e", task_id="t", family="calc_chain", turns=[turn], reward=reward,
+                            policy_version=0, timed_out=timed_out)
+    return Episode(trajectory=trajectory, result=result)
+
+
+def group(*episodes: Episode) -> SampledGroup:
+    return SampledGroup(group=TrajectoryGroup(task_id="t", trajectories=[e.trajectory for e in episodes],
+                                              policy_version=0), episodes=list(episodes))
+
+
+def test_step_row() -> None:
+    tuned = {"job": {"base_model": "Qwen/Qwen3-0.6B"},
+             "train": {**TEMPLATE["train"], "learning_rate": 5e-5, "lora": {"r": 8}, "beta": 0.0}}
+    groups = [group(episode(0.8, job_toml=tuned, post=0.6, best_pre=0.4, model="Qwen/Qwen3-0.6B", usd=0.5),
+                    episode(-0.1)),
+              group(episode(0.35, job_toml=TEMPLATE, post=None, model="tiny", timed_out=True),
+                    episode(0.5, job_toml=TEMPLATE, post=0.3, best_pre=0.3, model="tiny"))]
+    stats = StepStats(step=1, loss=-0.25, tokens=12, datums=4, seconds=1.0, extra={"grad_norm": 0.5})
+    row = step_metrics(3, groups, stats, version=1, seconds=2.0, staleness=[0, 1], resampled=2, usd=0.5,
+                       usd_total=1.5, heldout=[episode(0.1), episode(0.3)])
+    assert set(KEYS) <= set(row)
+    assert row["step"] == 3 and row["episodes"] == 4 and row["reward_mean"] == pytest.approx(0.3875)
+    assert row["valid_rate"] == 0.75 and row["validation"] == 0.75
+    assert row["post_mean"] == pytest.approx(0.45) and row["uplift_mean"] == pytest.approx(0.1)
+    assert row["base_model_share"] == {"Qwen/Qwen3-0.6B": pytest.approx(1 / 3), "tiny": pytest.approx(2 / 3)}
+    hp = row["hparam_use"]
+    assert hp["learning_rate"] == pytest.approx(1 / 3) and hp["lora"] == pytest.approx(1 / 3)
+    assert hp["beta"] == 0.0  # set, but to the default: not a use of the surface
+    assert hp["max_steps"] == 0.0 and set(hp) >= {"temperature", "loss_type", "warmup_steps"}
+    assert row["staleness_mean"] == 0.5 and row["staleness_max"] == 1 and row["resampled_groups"] == 2
+    assert row["timed_out"] == 1 and row["policy_tokens"] == 12 and row["train_tokens"] == 12
+    assert row["loss"] == -0.25 and row["usd"] == 0.5 and row["trainer/grad_norm"] == 0.5
+    assert row["heldout_reward"] == pytest.approx(0.2) and row["heldout_n"] == 2
+
+
+def test_a_step_without_jobs_has_empty_shares_and_null_means() -> None:
+    row = step_metrics(1, [group(episode(-0.1), episode(-0.1))], StepStats(step=0, loss=0.0, tokens=6, datums=2,
+                       seconds=0.0, extra={"skipped": 1.0}), version=0, seconds=1.0, staleness=[0], resampled=0,
+                       usd=0.0, usd_total=0.0)
+    assert row["base_model_share"] == {} and row["hparam_use"] == {}
+    assert row["post_mean"] is None and row["uplift_mean"] is None and row["reward_std"] == 0.0
+    assert "heldout_reward" not in row
+
+
+def test_template_is_what_the_defaults_read() -> None:
+    from importlib.resources import files
+
+    template = tomllib.loads((files("ait") / "job" / "template" / "job.toml").read_text())
+    assert template["train"] == TEMPLATE["train"]

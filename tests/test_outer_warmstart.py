@@ -1,0 +1,45 @@
+"""The reference warm start: the reference agent's transcript, rendered as the sampling policy renders
+it, distilled into the LoRA adapter; cached; loaded as [policy] init_checkpoint."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ait.outer.backends.local import LocalBackend
+from ait.outer.config import OuterConfig
+from ait.outer.warmstart import build_warm_start, reference_transcript, sft_examples
+from ait.spec import load_spec
+
+TASK = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "calc_chain_fast.json"
+
+
+def test_warm_start_distils_the_reference_transcript(tmp_path: Path) -> None:
+    spec = load_spec(TASK)
+    transcript = reference_transcript(spec, tmp_path / "t")
+    calls = [m.tool_calls[0].name for m in transcript if m.role == "assistant"]
+    assert calls[0] == "list_files" and calls[-1] == "submit_job" and "write_file" in calls
+    config = OuterConfig(policy={"model": "tiny", "max_new_tokens": 64},
+                         trainer={"device": "cpu", "lora_r": 4, "lora_alpha": 8})
+    fresh = LocalBackend(config)
+    examples = sft_examples(fresh.policy(), transcript, max_completion=64)
+    assert examples and all(len(c) <= 64 for _, c in examples)
+    text = fresh.tokenizer.decode(examples[0][1])
+    assert '"name": "list_files"' in text and text.endswith("<|im_end|>")
+
+    path = build_warm_start(config, [spec], steps=2, batch_size=2, learning_rate=1e-2, cache_dir=tmp_path / "ws")
+    meta = json.loads((path / "warmstart.json").read_text())
+    assert meta["steps"] == 2 and meta["examples"] == len(examples) and meta["tasks"] == [spec.id]
+    t0 = time.monotonic()
+    assert build_warm_start(config, [spec], steps=2, batch_size=2, learning_rate=1e-2,
+                            cache_dir=tmp_path / "ws") == path
+    assert time.monotonic() - t0 < 1.0  # cached
+    warm = LocalBackend(config.model_copy(update={"policy": config.policy.model_copy(
+        update={"init_checkpoint": str(path)})}))
+    before, after = fresh.adapter_state(), warm.adapter_state()
+    assert any(not torch.equal(before[k], after[k]) for k in before) and warm.step == 0
+    fresh.close()
+    warm.close()
