@@ -1,0 +1,81 @@
+"""The report as one self-contained HTML page: inline CSS, plots as base64 PNGs, no scripts and
+nothing fetched, so it opens offline and can be mailed or attached as a single file."""
+
+from __future__ import annotations
+
+import base64
+import time
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from ait.report.plots import Plot
+
+STYLE = """
+body { font: 14px/1.45 system-ui, -apple-system, Segoe UI, sans-serif; margin: 2rem auto; max-width: 60rem;
+       padding: 0 1rem; color: #222; }
+h1 { font-size: 1.5rem; margin-bottom: 0.2rem; } h2 { font-size: 1.15rem; margin-top: 2rem; }
+.muted { color: #666; } .warn { color: #a15c00; }
+table { border-collapse: collapse; margin: 0.5rem 0; }
+th, td { padding: 0.2rem 0.7rem; border-bottom: 1px solid #ddd; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+figure { margin: 1.5rem 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { color: #555; font-size: 0.9rem; }
+details table { font-size: 0.8rem; }
+"""
+
+STEP_COLUMNS = ("step", "reward_mean", "validation", "job_quality", "speed", "valid_rate", "post_mean",
+                "uplift_mean", "heldout_reward", "staleness_mean", "loss", "policy_tokens", "train_tokens", "usd")
+
+
+def fmt(value: Any, key: str = "") -> str:
+    """Numbers as a reader wants them: USD with cents, counts with separators, rates with 3 decimals."""
+    if value is None:
+        return "–"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v:.0%}" for k, v in sorted(value.items(), key=lambda kv: -kv[1])) or "–"
+    if key.startswith("usd"):
+        return f"${value:,.2f}"
+    if key.endswith("tokens") or key in ("steps", "step", "first_step", "last_step", "reward_best_step",
+                                         "heldout_evals", "timed_out", "resampled_groups"):
+        return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
+    if key.startswith("seconds"):
+        return f"{value / 3600:.2f} h" if value >= 3600 else f"{value:,.0f} s"
+    return f"{value:.3f}"
+
+
+SUMMARY_ROWS = [("steps", "outer steps"), ("reward_first", "reward, first step"), ("reward_last", "reward, last step"),
+                ("reward_best", "reward, best step"), ("reward_best_step", "best step"),
+                ("heldout_first", "held-out reward, first eval"), ("heldout_last", "held-out reward, last eval"),
+                ("usd_total", "total USD"), ("policy_tokens", "agent tokens sampled"),
+                ("train_tokens", "tokens trained on"), ("seconds_total", "wall time"),
+                ("timed_out", "episodes timed out"), ("resampled_groups", "groups re-sampled (too stale)"),
+                ("base_model_share_last", "base models, last step")]
+
+
+def render_html(run_dir: Path, rows: list[dict[str, Any]], summary: dict[str, Any], plots: list[Plot],
+                warnings: list[str]) -> str:
+    name = escape(Path(run_dir).resolve().name)
+    parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>ait report: {name}</title>",
+             f"<style>{STYLE}</style></head><body>",
+             f"<h1>Outer-loop run <code>{name}</code></h1>",
+             (f"<p class='muted'>{escape(str(run_dir))} · {summary['steps']} steps · report written "
+              f"{time.strftime('%Y-%m-%d %H:%M', time.localtime())}</p>")]
+    parts += [f"<p class='warn'>{escape(w)}</p>" for w in warnings]
+    parts.append("<h2>Summary</h2><table>")
+    parts += [f"<tr><td>{escape(label)}</td><td>{escape(fmt(summary.get(key), key))}</td></tr>"
+              for key, label in SUMMARY_ROWS]
+    parts.append("</table>")
+    if not plots:
+        parts.append("<p class='muted'>No plottable values in metrics.jsonl yet.</p>")
+    for plot in plots:
+        data = base64.b64encode(plot.png).decode("ascii")
+        parts.append(f"<h2>{escape(plot.title)}</h2><figure><img alt='{escape(plot.title)}' "
+                     f"src='data:image/png;base64,{data}'><figcaption>{escape(plot.caption)}</figcaption></figure>")
+    parts.append("<h2>Per step</h2><details><summary>every row of metrics.jsonl</summary><table><tr>")
+    parts += [f"<th>{escape(c)}</th>" for c in STEP_COLUMNS]
+    parts.append("</tr>")
+    for row in rows:
+        parts.append("<tr>" + "".join(f"<td>{escape(fmt(row.get(c), c))}</td>" for c in STEP_COLUMNS) + "</tr>")
+    parts.append("</table></details></body></html>")
+    return "\n".join(parts)
