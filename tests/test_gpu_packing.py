@@ -50,10 +50,11 @@ def test_an_oom_while_packed_is_rerun_alone(tmp_path):
             calls.append((job.job_id, running[0]))
             first = sum(c[0] == job.job_id for c in calls) == 1
         if first:
-            together.wait()
-        time.sleep(0.1)
+            together.wait()  # both first attempts are inside job_fn now
         with lock:
             alone = running[0] == 1
+        time.sleep(0.1)
+        with lock:
             running[0] -= 1
         if job.job_id == "big" and not alone:
             return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.oom, error="CUDA out of memory")

@@ -40,9 +40,10 @@ def test_chaos_local_every_job_done_exactly_once():
 
 def test_chaos_ray_every_job_done_exactly_once():
     pytest.importorskip("ray")
-    r = chaos("--executor", "ray", "--jobs", "12", "--workers", "2", "--kill-min", "3", "--kill-max", "5",
+    # 24 jobs: enough work that the first kill (3-5 s in, after Ray's start) lands on running jobs.
+    r = chaos("--executor", "ray", "--jobs", "24", "--workers", "2", "--kill-min", "3", "--kill-max", "5",
               "--lease", "2", "--seed", "3")
-    assert r["executor"] == "ray" and r["done"] == r["jobs"] == 12
+    assert r["executor"] == "ray" and r["done"] == r["jobs"] == 24
     assert (r["duplicates"], r["lost"], r["bad_results"]) == (0, 0, 0)
     assert r["kills"] >= 1 and r["reclaims"] >= 1
 
