@@ -4,7 +4,11 @@
 # Expects the staged GGUF files /root/stage/smol.gguf and /root/stage/qwen.gguf and the wheels in
 # /tmp/site (see ../shared/device/stage.sh); results go under $OUT. The hidden set's seed is fixed so
 # the committed baselines are reproducible: the same seed gives the same hidden examples anywhere.
-set -euo pipefail
+# Output goes to $OUT/<stage>.log as it is produced (no pipe to tail: a call cut short by its time
+# limit still returns everything so far, and a time limit kills python itself, not just this shell,
+# so no job keeps running into the next call).
+set -uo pipefail
+trap 'kill 0 2>/dev/null' TERM INT  # a time limit stops the benchmark and its jobs, not just this shell
 export PYTHONPATH=$PWD/src:/tmp/site AIT_HIDDEN_SEED=${AIT_HIDDEN_SEED:-20261129} AIT_HOME=/root/.ait
 mkdir -p "$AIT_HOME" "$OUT"
 printf '[models]\n"smollm2-135m" = "/root/stage/smol.gguf"\n"qwen2.5-coder-0.5b" = "/root/stage/qwen.gguf"\n' > "$AIT_HOME/models.toml"
@@ -13,17 +17,18 @@ CAL=${CAL:-$( [ -f /root/stage/calibration.json ] && echo /root/stage/calibratio
 case "$stage" in
   calibrate)
     python3 bench/calibrate.py --model qwen2.5-coder-0.5b --model smollm2-135m --n 200 \
-      --out "$OUT/calibration.json" --store "$OUT/baselines.json" 2>&1 | grep -v -E "Loading|Converting|Writing"
+      --out "$OUT/calibration.json" --store "$OUT/baselines.json" > "$OUT/calibrate.log" 2>&1
     cp "$OUT/calibration.json" /root/stage/calibration.json ;;
   sidebyside)
     python3 bench/inner_job.py --model smollm2-135m --family "${1:-calc_chain}" --trainers fast,trl \
-      ${CAL:+--calibration $CAL} --json "$OUT/sidebyside.json" 2>&1 | tail -40 ;;
+      ${CAL:+--calibration $CAL} --json "$OUT/sidebyside.json" > "$OUT/sidebyside.log" 2>&1 ;;
   pack)
     python3 bench/inner_job.py --model smollm2-135m --family "${1:-calc_chain}" --trainers fast --pack 1,8,2,4 \
-      ${CAL:+--calibration $CAL} --json "$OUT/pack.json" 2>&1 | tail -25 ;;
+      ${CAL:+--calibration $CAL} --json "$OUT/pack.json" > "$OUT/pack.log" 2>&1 ;;
   uplift)
     python3 bench/inner_job.py --model qwen2.5-coder-0.5b --trainers fast --parallel --lr 5e-6,2e-5 \
       --family calc_chain --family multi_hop --family string_pipeline --family ledger --family dispatch \
-      ${CAL:+--calibration $CAL} --json "$OUT/uplift.json" 2>&1 | tail -30 ;;
+      ${CAL:+--calibration $CAL} --json "$OUT/uplift.json" > "$OUT/uplift.log" 2>&1 ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
+tail -c 6000 "$OUT/$stage.log"

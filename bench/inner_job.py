@@ -113,6 +113,15 @@ def fmt(v) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
+def save_partial(args, key: str, value: dict) -> None:
+    """Write the figures known so far to --json: a run cut short by a time limit keeps them."""
+    if args.json:
+        path = Path(args.json)
+        report = json.loads(path.read_text()) if path.exists() else {"args": {k: v for k, v in vars(args).items()}}
+        report[key] = value
+        path.write_text(json.dumps(report, indent=2, default=str))
+
+
 def run_side_by_side(args, out: Path) -> dict:
     rows = {}
     several = len(args.lr) > 1
@@ -134,6 +143,7 @@ def run_side_by_side(args, out: Path) -> dict:
             console.print(f"[bold]{name}[/]: running the standard job on {args.model} ...")
             rows[name] = figures(run_job(job), args)
             console.print(json.dumps(rows[name]))
+            save_partial(args, "side_by_side", rows)
     table = Table(title=f"standard job: {args.steps} steps x {args.rollouts} rollouts, <= {args.max_completion} "
                         f"tokens, eval n={args.eval_n}, model {args.model}")
     keys = ["load_s", "pre_eval_s", "train_s", "post_eval_s", "total_s", "s_per_step", "gen_tokens_per_s",
@@ -177,6 +187,7 @@ def run_pack(args, out: Path) -> dict:
                       "peak_gpu_gb_per_job": peak, "posts": [r.post for r in done],
                       "errors": [(r.error or "")[-300:] for r in done if not r.ok]}
         console.print(json.dumps(results[k]))
+        save_partial(args, "pack", results)
     table = Table(title=f"packing on GPU {args.gpu}: {args.family[0]} standard job, {args.model}")
     for col in ("K", "ok", "wall s", "jobs/hour", "x K=1", "$/job"):
         table.add_column(col, justify="right")
@@ -215,10 +226,10 @@ def main() -> int:
     args.pack = [int(k) for k in args.pack.split(",") if k.strip()]
     out = Path(args.out or tempfile.mkdtemp(prefix="ait-bench-inner-"))
     out.mkdir(parents=True, exist_ok=True)
-    report = {"args": {k: v for k, v in vars(args).items()}}
-    report["pack" if args.pack else "side_by_side"] = run_pack(args, out) if args.pack else run_side_by_side(args, out)
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+        Path(args.json).unlink(missing_ok=True)
+    key = "pack" if args.pack else "side_by_side"
+    save_partial(args, key, run_pack(args, out) if args.pack else run_side_by_side(args, out))
     return 0
 
 
