@@ -270,7 +270,7 @@ def train(job: Job, base_model_path: str, sampling_dtype: torch.dtype | None = N
             "generated_tokens": float(sum(lengths)),
             "num_tokens": (history[-1]["num_tokens"] if history else 0.0) + sum(len(r.ids) for r in rollouts),
         })
-        print(json.dumps({"step": step + 1, **{k: round(v, 4) for k, v in history[-1].items()}}), flush=True)
+        print(json.dumps({"step": step + 1, **{k: float(f"{v:.4g}") for k, v in history[-1].items()}}), flush=True)
     train_seconds = time.monotonic() - start
 
     checkpoint = out_dir / "checkpoint"
