@@ -94,11 +94,12 @@ class TrainerBackend(Protocol):
     step: int
     """Optimizer steps taken so far (the current policy version)."""
 
-    def policy(self):
+    def policy(self, temperature: float | None = None, seed: int | None = None):
         """A Policy (ait.policy.base) that samples from the current weights and records tokens.
 
-        The loop calls it once per episode (the policy may keep per-episode state) and passes
-        `seed=` and `temperature=` (held-out evaluation) when the signature accepts them."""
+        The loop calls it once per episode (the policy may keep per-episode state); `seed` makes
+        the episode's samples reproducible, `temperature` overrides the config's (held-out
+        evaluation samples greedily)."""
 
     def train_step(self, groups: list[TrajectoryGroup]) -> StepStats:
         """One importance-sampling policy-gradient step on the groups' completion tokens."""
@@ -108,3 +109,9 @@ class TrainerBackend(Protocol):
 
     def load(self, path: str) -> None:
         """Resume from a checkpoint written by save."""
+
+    def warm_start(self, path: str) -> None:
+        """Load weights only (an adapter or a checkpoint), with a fresh optimizer: `[policy] init_checkpoint`."""
+
+    def close(self) -> None:
+        """Release what the backend holds (threads, clients)."""
