@@ -34,9 +34,12 @@ from ait.train.rollouts import Rollout, rollout_batch, stop_ids
 LOGIT_BUDGET = 2**29  # scoring micro-batch: padded tokens x vocab stays under this (~5 GB of logits and grads)
 
 
-def microbatch_tokens(vocab: int) -> int:
-    """Padded tokens per scoring micro-batch: fewer for big vocabularies (logits dominate memory)."""
-    return max(1024, min(16_384, LOGIT_BUDGET // max(vocab, 1)))
+def microbatch_tokens(vocab: int, device: torch.device | None = None) -> int:
+    """Padded tokens per scoring micro-batch: fewer for big vocabularies (logits dominate memory),
+    and at most 2048 on CPU, where attention materialises every (query, key) score for backward
+    (a 64-rollout job of a 135M model otherwise passes the sandbox's 12 GiB)."""
+    tokens = max(1024, min(16_384, LOGIT_BUDGET // max(vocab, 1)))
+    return min(tokens, 2048) if device is not None and device.type == "cpu" else tokens
 
 
 def load_policy(base_model_path: str, train: TrainConfig, device: torch.device):
@@ -155,7 +158,7 @@ def policy_loss(model, rollouts: list[Rollout], adv: torch.Tensor, train: TrainC
     total_tokens = max(1, sum(r.completion_tokens for r in rollouts))
     n = len(rollouts)
     stats = {"loss": 0.0, "clip_ratio": 0.0, "kl": 0.0}
-    for group in microbatches(rollouts, microbatch_tokens(model.config.vocab_size)):
+    for group in microbatches(rollouts, microbatch_tokens(model.config.vocab_size, device)):
         batch = [rollouts[i] for i in group]
         logprobs, mask = score_batch(model, batch, device, autocast)
         a = adv[group].to(device)[:, None]
@@ -192,7 +195,7 @@ def reference_logprobs(model, rollouts: list[Rollout], device, autocast, use_bas
     ctx = model.disable_adapter() if use_base and hasattr(model, "disable_adapter") else nullcontext()
     out = {}
     with ctx:
-        for group in microbatches(rollouts, microbatch_tokens(model.config.vocab_size)):
+        for group in microbatches(rollouts, microbatch_tokens(model.config.vocab_size, device)):
             logprobs, _ = score_batch(model, [rollouts[i] for i in group], device, autocast)
             for row, i in enumerate(group):
                 n = len(rollouts[i].ids) - rollouts[i].prompt_len
