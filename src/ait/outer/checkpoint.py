@@ -10,6 +10,7 @@ is always complete; `latest` returns the highest complete one.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import shutil
@@ -20,6 +21,22 @@ from typing import Any
 from pydantic import BaseModel
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing or was trained from another base model."""
+
+
+def read_backend_record(path: Path, filename: str, backend: str, model: str) -> dict[str, Any]:
+    """The JSON record a backend wrote beside its checkpoint, checked to be this backend's and
+    trained from `model` (a checkpoint of another base model would load wrong or not at all)."""
+    file = path / filename
+    if not file.is_file():
+        raise CheckpointError(f"{file} not found: not a checkpoint written by the {backend} backend")
+    record = json.loads(file.read_text())
+    if record.get("model") != model:
+        raise CheckpointError(f"{path} was trained from {record.get('model')!r}, not the configured {model!r}")
+    return record
 
 
 class LoopState(BaseModel):

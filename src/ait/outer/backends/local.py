@@ -36,6 +36,7 @@ from ait.outer.backends.loss import (
     importance_sampling_loss,
     nll_loss,
 )
+from ait.outer.checkpoint import CheckpointError, read_backend_record
 from ait.outer.config import OuterConfig
 from ait.outer.sampler import EnginePolicy, SamplingEngine
 from ait.outer.types import StepStats, TrajectoryGroup
@@ -44,8 +45,6 @@ ADAPTER_DIR = "adapter"
 ADAPTER_FILE = "adapter_model.safetensors"
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that is missing or does not fit this backend's model."""
 
 
 def default_device() -> str:
@@ -158,7 +157,7 @@ class LocalBackend:
         """Resume: adapter weights, optimizer state and step."""
         import torch
 
-        meta = self._meta(Path(path))
+        meta = read_backend_record(Path(path), "backend.json", "local", self.model_name)
         self._load_adapter(Path(path))
         state = torch.load(Path(path) / "optimizer.pt", map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(state)
@@ -211,16 +210,6 @@ class LocalBackend:
         self.engine.close()
 
     # ---- helpers -----------------------------------------------------------------------------
-
-    def _meta(self, path: Path) -> dict[str, Any]:
-        file = path / "backend.json"
-        if not file.is_file():
-            raise CheckpointError(f"{file} not found: not a checkpoint written by the local backend")
-        meta = json.loads(file.read_text())
-        if meta.get("model") != self.model_name:
-            raise CheckpointError(f"{path} was trained from {meta.get('model')!r}, not the configured "
-                                  f"{self.model_name!r}")
-        return meta
 
     def _load_adapter(self, path: Path) -> None:
         from peft import set_peft_model_state_dict

@@ -40,6 +40,7 @@ from itertools import count
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ait.outer.checkpoint import CheckpointError, read_backend_record  # noqa: F401 - CheckpointError is re-exported
 from ait.outer.types import StepStats, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -56,8 +57,6 @@ class TinkerUnavailable(RuntimeError):
     """The tinker SDK is not installed, or no API key is set."""
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that is missing or was trained from another base model."""
 
 
 def _sdk():
@@ -181,14 +180,14 @@ class TinkerBackend:
 
     def load(self, path: str) -> None:
         """Resume from `save`'s directory: weights, optimizer state and step."""
-        record = self._record(Path(path))
+        record = read_backend_record(Path(path), CHECKPOINT_FILE, "tinker", self.model_name)
         self.training = self.service.create_training_client_from_state_with_optimizer(record["state_path"]).result()
         self.step = int(record["step"])
         self._publish()
 
     def warm_start(self, path: str) -> None:
         """Start from a checkpoint's weights (a `save` directory or a tinker:// path): fresh optimizer, step 0."""
-        state = path if path.startswith("tinker://") else self._record(Path(path))["state_path"]
+        state = path if path.startswith("tinker://") else read_backend_record(Path(path), CHECKPOINT_FILE, "tinker", self.model_name)["state_path"]
         self.training = self.service.create_training_client_from_state(state).result()
         self.step = 0
         self._publish()
@@ -217,16 +216,6 @@ class TinkerBackend:
     def _publish(self) -> None:
         """A sampler on the current weights: new policies sample from it; older ones keep theirs."""
         self.sampler = self._training().save_weights_and_get_sampling_client().result()
-
-    def _record(self, path: Path) -> dict[str, Any]:
-        file = path / CHECKPOINT_FILE
-        if not file.is_file():
-            raise CheckpointError(f"{file} not found: not a checkpoint written by the tinker backend")
-        record = json.loads(file.read_text())
-        if record.get("model") != self.model_name:
-            raise CheckpointError(f"{path} was trained from {record.get('model')!r}, not the configured "
-                                  f"{self.model_name!r}")
-        return record
 
 
 def _drift(datums: list[tinker.Datum], outputs: list[dict[str, Any]]) -> dict[str, float]:
