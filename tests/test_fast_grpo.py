@@ -179,3 +179,24 @@ def test_cached_continuation_equals_a_fresh_render():
         results = [{"role": "tool", "name": "add", "content": content}]
         assert cont(stop, calls, results) == t(cont.render(stop, calls, results), add_special_tokens=False)["input_ids"]
     assert cont.cache[(stop, ("add",))] is not None  # the template copies results verbatim: cached
+
+
+def test_a_non_finite_gradient_skips_the_step_instead_of_poisoning_the_weights(tmp_path, monkeypatch):
+    """One NaN loss (a diverged batch) must leave the weights as they were and be counted."""
+    from safetensors.torch import load_file
+
+    from ait.train import fast_grpo
+
+    real_loss = fast_grpo.policy_loss
+
+    def nan_loss(model, *args, **kwargs):
+        stats = real_loss(model, *args, **kwargs)
+        next(p for p in model.parameters() if p.requires_grad).grad.fill_(float("nan"))
+        return stats
+
+    monkeypatch.setattr(fast_grpo, "policy_loss", nan_loss)
+    out = fast_grpo.train(reference_job(tmp_path), str(tiny_model_path()))
+    assert out.metrics["train/skipped_nonfinite_steps"] == out.steps == 4
+    trained = load_file(f"{out.checkpoint}/model.safetensors")
+    base = load_file(f"{tiny_model_path()}/model.safetensors")
+    assert all(torch.equal(trained[k], base[k]) for k in base)

@@ -229,6 +229,7 @@ def train(job: Job, base_model_path: str, sampling_dtype: torch.dtype | None = N
     weights = surface.reward_weights or [1.0] * len(surface.reward_funcs)
     history: list[dict[str, float]] = []
     order: list[int] = []
+    skipped = 0  # optimizer steps skipped for a non-finite gradient norm
     start = time.monotonic()
     for step in range(cfg.max_steps):
         t0 = time.monotonic()
@@ -257,7 +258,10 @@ def train(job: Job, base_model_path: str, sampling_dtype: torch.dtype | None = N
             stats = policy_loss(model, rollouts, adv, cfg, device, autocast, old, ref)
             grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
                                                        cfg.max_grad_norm)
-            opt.step()
+            if torch.isfinite(grad_norm):
+                opt.step()
+            else:  # one bad batch (an inf/NaN loss) must not turn every weight into NaN: skip it, count it
+                skipped += 1
         sched.step()
         sampler.refresh()
         t_end = time.monotonic()
@@ -280,7 +284,8 @@ def train(job: Job, base_model_path: str, sampling_dtype: torch.dtype | None = N
     save_checkpoint(model, checkpoint, device)
     metrics = summarize(history)
     metrics.update({"train/load_seconds": load_seconds, "train/seconds": train_seconds,
-                    "train/graphs_captured": float(decoder.stats["graphs_captured"])})
+                    "train/graphs_captured": float(decoder.stats["graphs_captured"]),
+                    "train/skipped_nonfinite_steps": float(skipped)})
     if device.type == "cuda":
         metrics["train/peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
     metrics.update({f"train/reward_errors/{k}": float(v) for k, v in reward_errors.items()})
