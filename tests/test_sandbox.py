@@ -106,3 +106,51 @@ def test_sandboxed_run_gets_its_own_network_and_ipc_namespaces(tmp_path):
     inside = outcome.log_tail.split()
     assert outcome.returncode == 0 and len(inside) == 2, outcome.log_tail
     assert inside[0] != os.readlink("/proc/self/ns/net") and inside[1] != os.readlink("/proc/self/ns/ipc")
+
+
+def test_a_gpu_run_under_cuda_mps_reaches_the_pipe_dir_and_keeps_the_host_ipc(tmp_path):
+    """MPS clients need the daemon's pipe directory and the host's IPC namespace; the network
+    namespace and the rest of the file system stay confined."""
+    import os
+
+    caps = detect_mod.cached_capabilities()
+    if not (caps.active("namespaces") and caps.active("landlock")):
+        pytest.skip("namespaces or Landlock unavailable here")
+    pipe, work = tmp_path / "mps", tmp_path / "work"
+    pipe.mkdir()
+    work.mkdir()
+    code = ("import os\nopen('../mps/probe', 'w').write('x')\n"
+            "print(os.readlink('/proc/self/ns/net'), os.readlink('/proc/self/ns/ipc'))\n"
+            "try:\n    open('/tmp/ait-mps-escape', 'w')\nexcept PermissionError:\n    print('confined')")
+    outcome = run_untrusted(["-c", code], cwd=work, timeout_s=30, log_path=tmp_path / "log",
+                            policy=SandboxPolicy(write=[str(work)], gpu=True, mps_pipe_dir=str(pipe)))
+    assert outcome.returncode == 0, outcome.log_tail
+    net, ipc, confined = outcome.log_tail.split()[-3:]
+    assert (pipe / "probe").read_text() == "x" and confined == "confined"
+    assert net != os.readlink("/proc/self/ns/net") and ipc == os.readlink("/proc/self/ns/ipc")
+
+
+def test_the_job_sandbox_uses_mps_only_when_its_pipe_dir_exists(tmp_path, monkeypatch):
+    from ait.compute import run_job as rj
+
+    job = SimpleJob(str(tmp_path))
+    # A GPU host, faked: the check is whether /dev/nvidiactl exists.
+    monkeypatch.setattr(rj.Path, "exists", lambda self: str(self) == "/dev/nvidiactl" or os_exists(self))
+    policy = rj.train_policy(job, str(tmp_path), tmp_path, {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)})
+    assert policy.gpu and policy.mps_pipe_dir == str(tmp_path)
+    policy = rj.train_policy(job, str(tmp_path), tmp_path, {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "gone")})
+    assert policy.gpu and policy.mps_pipe_dir is None
+    policy = rj.train_policy(job, str(tmp_path), tmp_path, {"CUDA_VISIBLE_DEVICES": "",
+                                                             "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)})
+    assert not policy.gpu and policy.mps_pipe_dir is None
+
+
+def os_exists(path) -> bool:
+    import os
+
+    return os.path.exists(str(path))
+
+
+class SimpleJob:
+    def __init__(self, workspace: str):
+        self.workspace, self.time_budget_s, self.kill_factor = workspace, 60.0, 1.5

@@ -39,7 +39,9 @@ def train_policy(job: Job, model_path: str, job_dir: Path, extra_env: dict[str, 
     """The training process reads the workspace snapshot and the base weights, writes only the job dir."""
     devices = (extra_env or {}).get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
     gpu = devices != "" and Path("/dev/nvidiactl").exists()
+    mps = {**os.environ, **(extra_env or {})}.get("CUDA_MPS_PIPE_DIRECTORY") or None
     return SandboxPolicy(read=[job.workspace, *model_read_paths(model_path)], write=[str(job_dir)], gpu=gpu,
+                         mps_pipe_dir=mps if gpu and mps and Path(mps).is_dir() else None,
                          limits=Limits(cpu_s=int(job.time_budget_s * job.kill_factor * 64) + 600))
 
 

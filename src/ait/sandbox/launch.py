@@ -79,7 +79,7 @@ def apply(plan: LaunchPlan) -> None:
     if "namespaces" in plan.layers:  # before capabilities are dropped: as root, unshare needs them
         from ait.sandbox import namespaces
 
-        namespaces.enter()
+        namespaces.enter(ipc=not (plan.policy.gpu and plan.policy.mps_pipe_dir))
     if "capabilities" in plan.layers:
         caps.drop_all()
     if "landlock" in plan.layers:
@@ -91,6 +91,9 @@ def apply(plan: LaunchPlan) -> None:
             read += GPU_READ
             write.append(own_proc)  # the CUDA driver writes to its own /proc entries; cuInit fails (304) otherwise
             devices = GPU_DEVICES + [f"/dev/{d}" for d in os.listdir("/dev") if d.startswith("nvidia")]
+            if plan.policy.mps_pipe_dir:  # the MPS client talks to the daemon through these
+                read += [plan.policy.mps_pipe_dir, "/dev/shm"]
+                write += [plan.policy.mps_pipe_dir, "/dev/shm"]
         landlock.restrict(read, write, devices)
     if "seccomp" in plan.layers:
         seccomp.install()

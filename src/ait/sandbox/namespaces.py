@@ -15,10 +15,11 @@ import os
 CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWNET = 0x04000000, 0x08000000, 0x10000000, 0x40000000
 
 
-def enter() -> None:
-    """Move this process into new net, IPC and UTS namespaces (irreversible)."""
+def enter(ipc: bool = True) -> None:
+    """Move this process into new net, IPC (unless ipc=False: CUDA MPS clients share the host's)
+    and UTS namespaces (irreversible)."""
     libc = ctypes.CDLL(None, use_errno=True)
-    flags = CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+    flags = CLONE_NEWNET | CLONE_NEWUTS | (CLONE_NEWIPC if ipc else 0)
     uid, gid = os.getuid(), os.getgid()
     if os.geteuid() != 0:
         flags |= CLONE_NEWUSER

@@ -29,6 +29,10 @@ class SandboxPolicy(BaseModel):
     """Writable paths (the job directory); everything else is read-only or invisible."""
     gpu: bool = False
     """Bind GPU device nodes in and lift the address-space limit."""
+    mps_pipe_dir: str | None = None
+    """With gpu: the CUDA MPS daemon's pipe directory, so packed jobs share the GPU through MPS
+    (kernels of several processes run at once instead of time-sliced). The run may then reach
+    that directory and /dev/shm, and keeps the host's IPC namespace, as MPS clients must."""
     limits: Limits = Field(default_factory=Limits)
     """Resource limits."""
 
