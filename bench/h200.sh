@@ -26,7 +26,7 @@ case "$stage" in
     python3 bench/inner_job.py --model smollm2-135m --family "${1:-calc_chain}" --trainers fast --pack 1,8,2,4 \
       ${CAL:+--calibration $CAL} --json "$OUT/pack.json" > "$OUT/pack.log" 2>&1 ;;
   uplift)
-    python3 bench/inner_job.py --model qwen2.5-coder-0.5b --trainers fast --parallel --lr 5e-6,2e-5 \
+    python3 bench/inner_job.py --model qwen2.5-coder-0.5b --trainers fast --parallel --lr 1e-5 \
       --family calc_chain --family multi_hop --family string_pipeline --family ledger --family dispatch \
       ${CAL:+--calibration $CAL} --json "$OUT/uplift.json" > "$OUT/uplift.log" 2>&1 ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;

@@ -29,10 +29,11 @@ def test_advantages_are_reward_minus_group_mean() -> None:
     assert constant.advantages() == [0.0, 0.0]  # a constant group carries no signal
 
 
-@pytest.fixture(scope="module")
-def backend() -> LocalBackend:
+@pytest.fixture(params=[False, True], ids=["plain", "grad-checkpointing"])
+def backend(request) -> LocalBackend:
     config = OuterConfig(policy={"model": "tiny", "max_new_tokens": 24, "temperature": 1.0},
-                         trainer={"learning_rate": 1e-2, "lora_r": 4, "lora_alpha": 8, "device": "cpu"})
+                         trainer={"learning_rate": 1e-2, "lora_r": 4, "lora_alpha": 8, "device": "cpu",
+                                  "gradient_checkpointing": request.param})
     torch.manual_seed(0)
     b = LocalBackend(config)
     yield b

@@ -43,3 +43,27 @@ def test_warm_start_distils_the_reference_transcript(tmp_path: Path) -> None:
     assert any(not torch.equal(before[k], after[k]) for k in before) and warm.step == 0
     fresh.close()
     warm.close()
+
+
+def test_warm_start_transcripts_cover_each_listed_base_model(tmp_path: Path) -> None:
+    """With base_models, each task gets one reference transcript per model, each job writing its model."""
+    from ait.outer import warmstart
+
+    spec = load_spec(TASK)
+    seen: list[list] = []
+    real = warmstart.sft_warm_start
+    warmstart.sft_warm_start = lambda config, transcripts, **kw: seen.append(transcripts) or tmp_path
+    try:
+        config = OuterConfig(policy={"model": "tiny"}, warmstart={"base_models": ["smollm2-135m", "tiny"]})
+        assert build_warm_start(config, [spec], base_models=config.warmstart.base_models) == tmp_path
+    finally:
+        warmstart.sft_warm_start = real
+    (transcripts,) = seen
+    written = []
+    for t in transcripts:
+        toml = next(c.arguments["content"] for m in t if m.role == "assistant" for c in m.tool_calls
+                    if c.name == "write_file" and c.arguments.get("path") == "job.toml")
+        written.append(toml)
+    assert len(written) == 2
+    assert 'base_model = "smollm2-135m"' in written[0] and "learning_rate = 1e-5" in written[0]
+    assert 'base_model = "tiny"' in written[1]

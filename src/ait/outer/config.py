@@ -72,6 +72,9 @@ class WarmStartSection(Strict):
     """Its AdamW learning rate."""
     batch_size: int = Field(default=8, ge=1, le=1024)
     """Assistant turns per supervised step."""
+    base_models: list[str] = Field(default_factory=list, max_length=16)
+    """One reference transcript per task and per base model listed (each must be allowed by the
+    tasks); empty = the reference job's own choice. Several give RL a choice to shift."""
 
 
 class OuterConfig(Strict):

@@ -39,14 +39,16 @@ from ait.spec import TaskSpec
 WARMSTART_VERSION = "ws-v2"
 
 
-def reference_transcript(spec: TaskSpec, workdir: Path, baselines: BaselineStore | None = None) -> list[Message]:
-    """The reference agent's conversation up to and including its submit_job call."""
+def reference_transcript(spec: TaskSpec, workdir: Path, baselines: BaselineStore | None = None,
+                         base_model: str | None = None) -> list[Message]:
+    """The reference agent's conversation up to and including its submit_job call (its job on
+    `base_model` when given, else on the reference job's own choice)."""
     workspace = workdir / "workspace"
     seed_workspace(workspace, spec)
     tools = EpisodeTools(WorkspaceTools(workspace, read_only=READ_ONLY), spec,
                          submit=lambda: "not run (warm-start transcript)", baselines=baselines)
     messages = opening_messages(spec)
-    agent = ReferencePolicy(jobs=1)
+    agent = ReferencePolicy(jobs=1, base_model=base_model)
     agent.reset(spec)
     for _ in range(50):
         reply = agent.act(messages, TOOL_SCHEMAS)
@@ -94,13 +96,19 @@ def sft_examples(policy: Any, transcript: list[Message], max_completion: int) ->
 
 
 def build_warm_start(config: Any, specs: list[TaskSpec], *, steps: int = 60, learning_rate: float = 3e-3,
-                     batch_size: int = 8, cache_dir: Path | None = None) -> Path:
+                     batch_size: int = 8, cache_dir: Path | None = None,
+                     base_models: list[str] | None = None) -> Path:
     """A warm-start checkpoint for `config`'s policy (local backend), SFT'd for `steps` steps on the
-    reference transcripts of `specs`. Returns its directory (usable as [policy] init_checkpoint)."""
+    reference transcripts of `specs`: one per task, or one per task and base model in `base_models`
+    (so the agent starts out choosing among them and RL can shift the choice). Returns its directory
+    (usable as [policy] init_checkpoint)."""
+    models = base_models or [None]
     with tempfile.TemporaryDirectory(prefix="ait-warmstart-") as tmp:
-        transcripts = [reference_transcript(spec, Path(tmp) / str(i)) for i, spec in enumerate(specs)]
+        transcripts = [reference_transcript(spec, Path(tmp) / f"{i}-{j}", base_model=model)
+                       for i, spec in enumerate(specs) for j, model in enumerate(models)]
     return sft_warm_start(config, transcripts, steps=steps, learning_rate=learning_rate, batch_size=batch_size,
-                          cache_dir=cache_dir, note={"source": "reference", "tasks": [s.id for s in specs]})
+                          cache_dir=cache_dir, note={"source": "reference", "tasks": [s.id for s in specs],
+                                                     "base_models": base_models or []})
 
 
 def sft_warm_start(config: Any, transcripts: list[list[Message]], *, steps: int, learning_rate: float,
