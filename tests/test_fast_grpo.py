@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +14,7 @@ from ait.evals.rollout import prepare_tokenizer
 from ait.job.types import TrainConfig
 from ait.train.decode import Sample
 from ait.train.fast_grpo import advantages, microbatches, policy_loss
+from ait.train.request import TrainOutput
 from ait.train.rollouts import Rollout, rollout_batch, stop_ids
 from ait.train.tiny import tiny_model_path
 
@@ -197,6 +199,9 @@ def test_a_non_finite_gradient_skips_the_step_instead_of_poisoning_the_weights(t
     monkeypatch.setattr(fast_grpo, "policy_loss", nan_loss)
     out = fast_grpo.train(reference_job(tmp_path), str(tiny_model_path()))
     assert out.metrics["train/skipped_nonfinite_steps"] == out.steps == 4
+    assert "train/grad_norm" not in out.metrics  # every step's norm was NaN: no mean, not a NaN mean
+    assert all(math.isfinite(v) for v in out.metrics.values())
+    TrainOutput.model_validate_json(out.model_dump_json())  # what run_job reads back
     trained = load_file(f"{out.checkpoint}/model.safetensors")
     base = load_file(f"{tiny_model_path()}/model.safetensors")
     assert all(torch.equal(trained[k], base[k]) for k in base)

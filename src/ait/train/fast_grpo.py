@@ -305,8 +305,11 @@ def summarize(history: list[dict[str, float]]) -> dict[str, float]:
     """Mean of each per-step metric as train/<name>, plus first/last reward and totals."""
     out: dict[str, float] = {}
     for key in sorted({k for h in history for k in h}):
-        values = [h[key] for h in history if key in h]
-        out[f"train/{key}"] = sum(values) / len(values)
+        # A skipped step's NaN/inf (grad norm, loss) would make the whole mean, and the job's
+        # output, invalid: means are over finite values (the skipped steps are counted apart).
+        values = [h[key] for h in history if key in h and math.isfinite(h[key])]
+        if values:
+            out[f"train/{key}"] = sum(values) / len(values)
     if history:
         out["train/reward_first"] = history[0]["reward"]
         out["train/reward_last"] = history[-1]["reward"]
