@@ -205,3 +205,25 @@ def test_a_non_finite_gradient_skips_the_step_instead_of_poisoning_the_weights(t
     trained = load_file(f"{out.checkpoint}/model.safetensors")
     base = load_file(f"{tiny_model_path()}/model.safetensors")
     assert all(torch.equal(trained[k], base[k]) for k in base)
+
+
+def test_scoring_a_padded_batch_equals_scoring_each_rollout_alone():
+    """Rows of very different lengths (the short row's window reaches into its left padding):
+    every sampled token's logprob equals an unpadded forward of that rollout alone, and nothing
+    is NaN, not even at masked positions."""
+    from contextlib import nullcontext
+
+    from ait.train.fast_grpo import score_batch
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path(), attn_implementation="sdpa").eval()
+    short = Rollout(row={}, ids=[5, 6, 7, 8], prompt_len=2, sampled=[True, True])
+    long = Rollout(row={}, ids=list(range(10, 40)), prompt_len=3, sampled=[True, False] * 13 + [True])
+    with torch.no_grad():
+        logprobs, mask = score_batch(model, [short, long], torch.device("cpu"), nullcontext())
+        assert torch.isfinite(logprobs).all()
+        for row, r in enumerate([short, long]):
+            alone, _ = score_batch(model, [r], torch.device("cpu"), nullcontext())
+            n = len(r.ids) - r.prompt_len
+            got = logprobs[row, -n:][mask[row, -n:]]
+            want = alone[0][torch.tensor(r.sampled)]
+            assert torch.allclose(got, want, atol=1e-5)

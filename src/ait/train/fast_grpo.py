@@ -130,12 +130,18 @@ def score_batch(model, batch: list[Rollout], device: torch.device, autocast) -> 
         mask[i, tail - n:] = torch.tensor(r.sampled, dtype=torch.bool)
     ids, attn, mask = ids.to(device), attn.to(device), mask.to(device)
     position = (attn.cumsum(dim=1) - 1).clamp(min=0)
+    # An explicit causal mask in which each padding position attends to itself: a query row with
+    # nothing to attend to comes out of some attention kernels as NaN, and a NaN anywhere in the
+    # graph reaches the gradient even where the loss mask is 0 (0 * NaN = NaN in backward).
+    valid = attn.bool()
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    mask4d = (causal[None] & valid[:, None, :]) | torch.eye(width, dtype=torch.bool, device=device)[None]
     with autocast:
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=position, use_cache=False,
+        logits = model(input_ids=ids, attention_mask=mask4d[:, None], position_ids=position, use_cache=False,
                        logits_to_keep=tail + 1).logits[:, :-1, :]
     targets = ids[:, width - tail:]
     logprobs = torch.log_softmax(logits.float(), dim=-1).gather(2, targets[..., None])[..., 0]
-    return logprobs, mask
+    return logprobs.masked_fill(~mask, 0.0), mask
 
 
 def microbatches(rollouts: list[Rollout], budget: int = 8192) -> list[list[int]]:
@@ -171,6 +177,7 @@ def policy_loss(model, rollouts: list[Rollout], adv: torch.Tensor, train: TrainC
             kl = torch.exp(ref_lp - logprobs) - (ref_lp - logprobs) - 1
             per_token = per_token + train.beta * kl
             stats["kl"] += float((kl * mask).sum()) / total_tokens
+        per_token = torch.where(mask, per_token, 0.0)  # masked positions contribute exactly nothing
         m = mask.float()
         if train.loss_type == "grpo":
             loss = ((per_token * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)).sum() / n
@@ -178,6 +185,10 @@ def policy_loss(model, rollouts: list[Rollout], adv: torch.Tensor, train: TrainC
             loss = (per_token * m).sum() / (n * train.max_completion_length)
         else:  # dapo, bnpo: every sampled token in the batch weighs the same
             loss = (per_token * m).sum() / total_tokens
+        if not torch.isfinite(loss):  # diagnosed, not hidden: the step will be skipped (see train)
+            print(json.dumps({"nonfinite_loss": True, "rows": len(batch), "width": max(len(r.ids) for r in batch),
+                              "tail": logprobs.shape[1], "sampled": int(mask.sum()),
+                              "nonfinite_logprobs": int((~torch.isfinite(logprobs)).sum())}), flush=True)
         loss.backward()
         stats["loss"] += loss.item()
         stats["clip_ratio"] += float(((ratio != clipped).float() * m).sum()) / total_tokens
@@ -262,6 +273,8 @@ def train(job: Job, base_model_path: str, sampling_dtype: torch.dtype | None = N
                 opt.step()
             else:  # one bad batch (an inf/NaN loss) must not turn every weight into NaN: skip it, count it
                 skipped += 1
+                print(json.dumps({"step": step + 1, "skipped": "non-finite gradient norm",
+                                  "grad_norm": str(float(grad_norm))}), flush=True)
         sched.step()
         sampler.refresh()
         t_end = time.monotonic()
