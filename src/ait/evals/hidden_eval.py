@@ -13,7 +13,11 @@ spec's public dev examples only: the one result an agent may see between jobs.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +26,7 @@ from pydantic import BaseModel, Field
 from ait.evals.hidden import eval_fingerprint, hidden_examples
 from ait.evals.rollout import final_response, prepare_tokenizer, run_conversations
 from ait.families import get_family
+from ait.home import ait_home
 from ait.spec import load_spec
 from ait.train.models import resolve_base_model
 
@@ -105,6 +110,41 @@ def apply_checkpoint(model, tensors: dict) -> bool:
     return changed
 
 
+PRE_CACHE_VERSION = "pre-v1"  # bump when anything that changes a base model's score changes
+
+
+def pre_cache_path(base, tokenizer, spec, n: int, device: str, dtype, batch_size: int) -> Path:
+    """Where the base weights' score on this hidden set is remembered. Every job of an outer step
+    trains the same few base models on the same tasks, and the untrained score is a pure function
+    of everything in this key (greedy decoding): the weights' hash, the chat template, the hidden
+    set, the eval format, the numerics (device, dtype, batch size, library versions). Only this
+    trusted process writes it; sandboxed training cannot reach AIT_HOME."""
+    import torch
+    import transformers
+
+    key = json.dumps({"v": PRE_CACHE_VERSION, "weights": base.sha256, "template": tokenizer.chat_template,
+                      "set": eval_fingerprint(spec, n), "format": spec.eval_format.model_dump(mode="json"),
+                      "device": device, "dtype": str(dtype), "batch": batch_size, "torch": torch.__version__,
+                      "transformers": transformers.__version__}, sort_keys=True, default=str)
+    return ait_home() / "pre_scores" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+
+
+def cached_pre(path: Path) -> float | None:
+    try:
+        value = json.loads(path.read_text())["pre"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) and 0.0 <= value <= 1.0 else None
+
+
+def remember_pre(path: Path, pre: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".pre-")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"pre": pre}, f)
+    os.replace(tmp, path)  # atomic: concurrent evals of the same base write the same value
+
+
 def score(model, tokenizer, spec, examples, batch_size) -> tuple[float, list[list[dict]]]:
     family = get_family(spec.family)
     convs = run_conversations(model, tokenizer, family, spec.eval_format, examples, batch_size)
@@ -130,7 +170,13 @@ def evaluate(req: EvalRequest) -> EvalReport:
     report.seconds["eval/load_s"] = time.monotonic() - t0
     if req.run_pre and examples:
         t = time.monotonic()
-        report.pre, _ = score(model, tokenizer, spec, examples, req.batch_size)
+        cache = pre_cache_path(base, tokenizer, spec, n, device, dtype, req.batch_size)
+        report.pre = cached_pre(cache)
+        if report.pre is None:
+            report.pre, _ = score(model, tokenizer, spec, examples, req.batch_size)
+            remember_pre(cache, report.pre)
+        else:
+            report.seconds["eval/pre_cached"] = 1.0
         report.seconds["eval/pre_s"] = time.monotonic() - t
     if req.checkpoint:
         report.weights_changed = apply_checkpoint(model, load_checkpoint_tensors(Path(req.checkpoint)))

@@ -1,0 +1,40 @@
+"""The base weights' hidden-eval score is computed once per (weights, set, format, numerics)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ait.evals import hidden_eval
+from ait.evals.hidden_eval import EvalRequest, evaluate
+
+TASK = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "calc_chain_fast.json"
+
+
+def run(tmp_path: Path, n: int = 3) -> hidden_eval.EvalReport:
+    return evaluate(EvalRequest(task_path=str(TASK), base_model="tiny", n=n, out_path=str(tmp_path / "e.json")))
+
+
+def test_pre_is_scored_once_then_read_back(tmp_path: Path, monkeypatch) -> None:
+    calls = []
+    real = hidden_eval.score
+    monkeypatch.setattr(hidden_eval, "score", lambda *a, **k: calls.append(1) or real(*a, **k))
+    first = run(tmp_path)
+    assert len(calls) == 1 and "eval/pre_cached" not in first.seconds
+    second = run(tmp_path)
+    assert len(calls) == 1 and second.pre == first.pre and second.seconds["eval/pre_cached"] == 1.0
+    run(tmp_path, n=4)  # another hidden set: scored afresh
+    assert len(calls) == 2
+
+
+def test_the_cache_is_what_is_reported_and_a_broken_entry_is_rescored(tmp_path: Path, monkeypatch) -> None:
+    cache = Path(hidden_eval.ait_home()) / "pre_scores"
+    before = set(cache.glob("*.json"))
+    first = run(tmp_path, n=5)
+    (path,) = set(cache.glob("*.json")) - before
+    path.write_text(json.dumps({"pre": 0.75}))
+    assert run(tmp_path, n=5).pre == 0.75  # read back, not recomputed
+    path.write_text("{not json")
+    again = run(tmp_path, n=5)
+    assert again.pre == first.pre and "eval/pre_cached" not in again.seconds
+    assert json.loads(path.read_text())["pre"] == first.pre
