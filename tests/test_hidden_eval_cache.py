@@ -11,7 +11,7 @@ from ait.evals.hidden_eval import EvalRequest, evaluate
 TASK = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "calc_chain_fast.json"
 
 
-def run(tmp_path: Path, n: int = 3) -> hidden_eval.EvalReport:
+def run(tmp_path: Path, n: int = 11) -> hidden_eval.EvalReport:
     return evaluate(EvalRequest(task_path=str(TASK), base_model="tiny", n=n, out_path=str(tmp_path / "e.json")))
 
 
@@ -23,18 +23,18 @@ def test_pre_is_scored_once_then_read_back(tmp_path: Path, monkeypatch) -> None:
     assert len(calls) == 1 and "eval/pre_cached" not in first.seconds
     second = run(tmp_path)
     assert len(calls) == 1 and second.pre == first.pre and second.seconds["eval/pre_cached"] == 1.0
-    run(tmp_path, n=4)  # another hidden set: scored afresh
+    run(tmp_path, n=12)  # another hidden set: scored afresh
     assert len(calls) == 2
 
 
 def test_the_cache_is_what_is_reported_and_a_broken_entry_is_rescored(tmp_path: Path, monkeypatch) -> None:
     cache = Path(hidden_eval.ait_home()) / "pre_scores"
     before = set(cache.glob("*.json"))
-    first = run(tmp_path, n=5)
+    first = run(tmp_path, n=13)
     (path,) = set(cache.glob("*.json")) - before
     path.write_text(json.dumps({"pre": 0.75}))
-    assert run(tmp_path, n=5).pre == 0.75  # read back, not recomputed
+    assert run(tmp_path, n=13).pre == 0.75  # read back, not recomputed
     path.write_text("{not json")
-    again = run(tmp_path, n=5)
+    again = run(tmp_path, n=13)
     assert again.pre == first.pre and "eval/pre_cached" not in again.seconds
     assert json.loads(path.read_text())["pre"] == first.pre

@@ -6,6 +6,8 @@
     EnginePolicy     an HFPolicy (render, fit, parse, TokenTrace) whose `sample` goes through
                      the engine, with its own seeded generator: an episode's replies depend on
                      its seed and the weights, not on which other episodes shared its batch
+                     (a row draws from its generator only while it generates, so this holds
+                     from turn to turn too)
 
 The decode loop is written out rather than `model.generate` so that each row draws from its
 own generator (Gumbel-max: argmax(logp + Gumbel noise) is an exact sample of softmax(logp)),
@@ -66,36 +68,40 @@ def generate_batch(model: Any, requests: list[Request], pad_id: int, stop_ids: s
         input_ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, device=device)
         mask[i, width - len(r.prompt_ids):] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    stop = torch.tensor(sorted(stop_ids), device=device)
     out_ids: list[list[int]] = [[] for _ in requests]
-    out_lp: list[list[float]] = [[] for _ in requests]
-    done = torch.zeros(rows, dtype=torch.bool, device=device)
+    live = [True] * rows  # still generating: not stopped yet
+    chosen_steps = []  # each step's sampled-token logprobs, left on the device until the end
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)
         logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                        use_cache=True, logits_to_keep=1).logits[:, -1].float()
+        idle = None
         for _ in range(max_new):
             logp = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
             if temperature > 0:
-                noise = torch.stack([torch.rand(logp.shape[-1], generator=r.generator, device=device)
-                                     for r in requests])
+                # A row draws from its generator only while it generates, so the generator's state after the
+                # reply depends on the reply alone, not on how long its batch-mates went on.
+                if idle is None:
+                    idle = torch.full((logp.shape[-1],), 0.5, device=device)
+                noise = torch.stack([torch.rand(logp.shape[-1], generator=r.generator, device=device) if on else idle
+                                     for r, on in zip(requests, live)])
                 gumbel = -torch.log(-torch.log(noise.clamp(min=1e-20, max=1.0 - 1e-7)))
                 nxt = torch.argmax(logp + gumbel, dim=-1)
             else:
                 nxt = torch.argmax(logp, dim=-1)
-            chosen = logp.gather(1, nxt[:, None])[:, 0]
-            for i, (tok, lp) in enumerate(zip(nxt.tolist(), chosen.tolist())):
-                if not done[i]:
+            chosen_steps.append(logp.gather(1, nxt[:, None])[:, 0])
+            for i, tok in enumerate(nxt.tolist()):  # the step's one wait for the device
+                if live[i]:
                     out_ids[i].append(tok)
-                    out_lp[i].append(lp)
-            done |= torch.isin(nxt, stop)
-            if bool(done.all()):
+                    live[i] = tok not in stop_ids
+            if not any(live):
                 break
             mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype, device=device)], dim=1)
             positions = positions[:, -1:] + 1
             logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=positions,
                            past_key_values=cache, use_cache=True).logits[:, -1].float()
-    return list(zip(out_ids, out_lp))
+        chosen = torch.stack(chosen_steps, dim=1).tolist() if chosen_steps else [[] for _ in requests]
+    return [(ids, lp[:len(ids)]) for ids, lp in zip(out_ids, chosen)]
 
 
 class SamplingEngine:
