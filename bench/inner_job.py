@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -198,6 +200,25 @@ def run_pack(args, out: Path) -> dict:
     return results
 
 
+def warm_pre_cache(args, out: Path) -> None:
+    """Score each family's untrained base once, untimed: the hidden eval caches that score, so
+    every timed job (either trainer, any K) then reads it the same way, as jobs of an outer
+    step do, instead of the first timed job alone paying for it."""
+    from ait.evals.hidden_eval import EvalRequest
+
+    for family in args.family:
+        req = EvalRequest(task_path=str(task_path(family, out, args)), base_model=args.model, n=args.eval_n,
+                          out_path=str(out / f"pre-{family}.json"))
+        path = out / f"pre-{family}-request.json"
+        path.write_text(req.model_dump_json())
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-m", "ait.evals.hidden_eval", str(path)], check=True,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": args.gpu})
+        pre = json.loads((out / f"pre-{family}.json").read_text())["pre"]
+        console.print(f"{family}: untrained score {pre:.3f} on n={args.eval_n} ({time.monotonic() - t0:.1f}s, "
+                      "cached for the timed jobs)")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
@@ -228,6 +249,15 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.json:
         Path(args.json).unlink(missing_ok=True)
+    # Resolve (and, for a GGUF, dequantise) the base model before any clock starts: a one-time
+    # conversion is not part of a job's cost, and it would land in whichever job ran first.
+    from ait.train.models import resolve_base_model
+
+    t0 = time.monotonic()
+    resolved = resolve_base_model(args.model)
+    console.print(f"base model {args.model}: {resolved.source}, sha256 {resolved.sha256[:12]} "
+                  f"({time.monotonic() - t0:.1f}s to resolve, not counted)")
+    warm_pre_cache(args, out)
     key = "pack" if args.pack else "side_by_side"
     save_partial(args, key, run_pack(args, out) if args.pack else run_side_by_side(args, out))
     return 0
