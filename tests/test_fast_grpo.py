@@ -227,3 +227,16 @@ def test_scoring_a_padded_batch_equals_scoring_each_rollout_alone():
             got = logprobs[row, -n:][mask[row, -n:]]
             want = alone[0][torch.tensor(r.sampled)]
             assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_training_turns_off_cudnn_attention(tmp_path):
+    """cuDNN's SDPA backward returns NaN under masks at widths of 64 mod 128 on H100/H200
+    (pytorch/pytorch#196678): a training process must not use it."""
+    from ait.train import fast_grpo
+
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        fast_grpo.train(reference_job(tmp_path), str(tiny_model_path()))
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)

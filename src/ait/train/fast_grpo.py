@@ -27,6 +27,7 @@ import torch
 
 from ait.job.env_loader import import_env, read_surface
 from ait.job.types import Job, TrainConfig
+from ait.train.attention import avoid_cudnn_attention
 from ait.train.decode import Decoder
 from ait.train.request import TrainOutput, build_rows, safe_reward
 from ait.train.rollouts import Rollout, rollout_batch, stop_ids
@@ -221,6 +222,7 @@ def train(job: Job, base_model_path: str, sampling_dtype: torch.dtype | None = N
     if surface is None:
         raise RuntimeError("env.py surface invalid: " + "; ".join(errors))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    avoid_cudnn_attention()
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)

@@ -106,6 +106,9 @@ def train(job: Job, base_model_path: str) -> TrainOutput:
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
+    from ait.train.attention import avoid_cudnn_attention
+
+    avoid_cudnn_attention()  # the reference path trains on padded batches too
     out_dir = Path(job.run_dir) / "job"
     surface, errors = read_surface(import_env(Path(job.workspace) / "env.py"))
     if surface is None:

@@ -164,11 +164,13 @@ class LocalBackend:
         from transformers.utils import logging as hf_logging
 
         from ait.evals.rollout import prepare_tokenizer
+        from ait.train.attention import avoid_cudnn_attention
         from ait.train.models import resolve_base_model
 
         hf_logging.disable_progress_bar()
         self.config = config
         p, t = config.policy, config.trainer
+        avoid_cudnn_attention()  # NaN query gradients under masks (see ait.train.attention)
         resolved = resolve_base_model(p.model)
         self.device = t.device or default_device()
         dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
