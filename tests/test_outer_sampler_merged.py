@@ -8,16 +8,13 @@ import copy
 
 import pytest
 import torch
-from fakes import TASK
+from test_outer_loss import sampled_turns
 
-from ait.harness.episode import opening_messages
-from ait.harness.tools import TOOL_SCHEMAS
 from ait.outer.backends.local import LocalBackend, LoraMerge
 from ait.outer.backends.loss import completion_logprobs
 from ait.outer.config import OuterConfig
 from ait.outer.sampler import Request, generate_batch
-from ait.outer.types import Trajectory, TrajectoryGroup, Turn
-from ait.spec import load_spec
+from ait.outer.types import Trajectory, TrajectoryGroup
 from ait.train.tiny import tiny_model_path
 
 
@@ -33,17 +30,6 @@ def backend() -> LocalBackend:
     b = make_backend()
     yield b
     b.close()
-
-
-def sampled_turns(backend: LocalBackend, seeds: list[int]) -> list[Turn]:
-    messages = opening_messages(load_spec(TASK))
-    out = []
-    for seed in seeds:
-        policy = backend.policy(seed=seed)
-        policy.reset(None)
-        t = policy.act(messages, TOOL_SCHEMAS).tokens
-        out.append(Turn(prompt_ids=t.prompt_ids, completion_ids=t.completion_ids, logprobs=t.logprobs))
-    return out
 
 
 def logits(model, ids: list[int]) -> torch.Tensor:
