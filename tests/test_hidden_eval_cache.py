@@ -1,4 +1,5 @@
-"""The base weights' hidden-eval score is computed once per (weights, set, format, numerics)."""
+"""The hidden eval and its base weights: their score computed once per (weights, set, format, numerics),
+and the weights checked to be the ones the job trained from."""
 
 from __future__ import annotations
 
@@ -38,3 +39,17 @@ def test_the_cache_is_what_is_reported_and_a_broken_entry_is_rescored(tmp_path: 
     again = run(tmp_path, n=13)
     assert again.pre == first.pre and "eval/pre_cached" not in again.seconds
     assert json.loads(path.read_text())["pre"] == first.pre
+
+
+def test_the_eval_refuses_a_base_that_changed_since_training(tmp_path: Path) -> None:
+    import pytest
+
+    from ait.train.models import resolve_base_model
+
+    sha = resolve_base_model("tiny").sha256
+    ok = evaluate(EvalRequest(task_path=str(TASK), base_model="tiny", base_model_sha256=sha, n=2,
+                              out_path=str(tmp_path / "e.json")))
+    assert ok.n == 2
+    with pytest.raises(hidden_eval.BaseModelMismatch, match="not the 0{12} the job trained from"):
+        evaluate(EvalRequest(task_path=str(TASK), base_model="tiny", base_model_sha256="0" * 64, n=2,
+                             out_path=str(tmp_path / "e.json")))

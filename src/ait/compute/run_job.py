@@ -87,7 +87,8 @@ def run_job(job: Job, extra_env: dict[str, str] | None = None) -> JobResult:
                          total_seconds=time.monotonic() - start, **base)
 
     checkpoint = job_dir / "checkpoint"  # fixed location: never a path the job chose
-    req = EvalRequest(task_path=job.task_path, base_model=job.config.job.base_model, checkpoint=str(checkpoint),
+    req = EvalRequest(task_path=job.task_path, base_model=job.config.job.base_model,
+                      base_model_sha256=base_model.sha256, checkpoint=str(checkpoint),
                       n=job.eval_size, out_path=str(job_dir / "eval.json"))
     req_path = job_dir / "eval_request.json"
     req_path.write_text(req.model_dump_json(indent=2))

@@ -36,6 +36,9 @@ class EvalRequest(BaseModel):
     """TaskSpec JSON."""
     base_model: str
     """Base model name (resolved here, by trusted code)."""
+    base_model_sha256: str | None = None
+    """The weights the job trained from; when set, the name must still resolve to them (an alias
+    or a local directory changed between training and eval would otherwise score other weights)."""
     checkpoint: str | None = None
     """Trained checkpoint directory; None scores only the base model."""
     n: int | None = None
@@ -71,6 +74,10 @@ class EvalReport(BaseModel):
     """Wall time: eval/load_s, eval/pre_s, eval/post_s."""
     samples: list[list[dict]] = Field(default_factory=list)
     """A few post-training conversations, for the record."""
+
+
+class BaseModelMismatch(ValueError):
+    """The base model's name resolves to other weights than the job trained from."""
 
 
 class CheckpointError(ValueError):
@@ -161,6 +168,10 @@ def evaluate(req: EvalRequest) -> EvalReport:
     examples = hidden_examples(spec, n) if req.hidden else []
     t0 = time.monotonic()
     base = resolve_base_model(req.base_model)
+    if req.base_model_sha256 and base.sha256 != req.base_model_sha256:
+        raise BaseModelMismatch(f"base model {req.base_model!r} now resolves to weights {base.sha256[:12]}, not the "
+                              f"{req.base_model_sha256[:12]} the job trained from: restore them (models.toml alias or "
+                              "directory) and evaluate again")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(base.path, dtype=dtype, use_safetensors=True,
