@@ -53,3 +53,32 @@ def test_the_eval_refuses_a_base_that_changed_since_training(tmp_path: Path) -> 
     with pytest.raises(hidden_eval.BaseModelMismatch, match="not the 0{12} the job trained from"):
         evaluate(EvalRequest(task_path=str(TASK), base_model="tiny", base_model_sha256="0" * 64, n=2,
                              out_path=str(tmp_path / "e.json")))
+
+
+def test_a_change_to_the_scoring_code_is_a_new_cache_key(tmp_path: Path, monkeypatch) -> None:
+    """A scorer fix must never meet a pre score cached before it."""
+    calls = []
+    real = hidden_eval.score
+    monkeypatch.setattr(hidden_eval, "score", lambda *a, **k: calls.append(1) or real(*a, **k))
+    run(tmp_path, n=14)
+    run(tmp_path, n=14)
+    assert len(calls) == 1
+    monkeypatch.setattr(hidden_eval, "scoring_code_digest", lambda: "a scorer fixed since")
+    run(tmp_path, n=14)
+    assert len(calls) == 2
+
+
+def test_the_code_digest_changes_with_a_family_scorer(tmp_path: Path) -> None:
+    import shutil
+
+    root = Path(hidden_eval.__file__).resolve().parents[1]
+    copy = tmp_path / "ait"
+    for part in ("evals", "families"):
+        shutil.copytree(root / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "train").mkdir()
+    shutil.copy(root / "train" / "decode.py", copy / "train" / "decode.py")
+    before = hidden_eval.scoring_code_digest(copy)
+    assert before == hidden_eval.scoring_code_digest(root)
+    scorer = copy / "families" / "calc_chain.py"
+    scorer.write_text(scorer.read_text() + "\n# a fix\n")
+    assert hidden_eval.scoring_code_digest(copy) != before

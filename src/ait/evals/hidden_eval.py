@@ -117,19 +117,32 @@ def apply_checkpoint(model, tensors: dict) -> bool:
     return changed
 
 
-PRE_CACHE_VERSION = "pre-v1"  # bump when anything that changes a base model's score changes
+PRE_CACHE_VERSION = "pre-v1"
+
+
+def scoring_code_digest(root: Path | None = None) -> str:
+    """sha256 over the source of everything that turns weights into a score (the eval, the families'
+    generators and scorers, the sampler), so a fix to any of it never meets a score cached before.
+    `root`: the ait package directory (this one by default)."""
+    root = root or Path(__file__).resolve().parents[1]
+    files = sorted([*(root / "evals").glob("*.py"), *(root / "families").rglob("*.py"), root / "train" / "decode.py"])
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def pre_cache_path(base, tokenizer, spec, n: int, device: str, dtype, batch_size: int) -> Path:
     """Where the base weights' score on this hidden set is remembered. Every job of an outer step
     trains the same few base models on the same tasks, and the untrained score is a pure function
-    of everything in this key (greedy decoding): the weights' hash, the chat template, the hidden
-    set, the eval format, the numerics (device, dtype, batch size, library versions). Only this
-    trusted process writes it; sandboxed training cannot reach AIT_HOME."""
+    of everything in this key (greedy decoding): the scoring code, the weights' hash, the chat
+    template, the hidden set, the eval format, the numerics (device, dtype, batch size, library
+    versions). Only this trusted process writes it; sandboxed training cannot reach AIT_HOME."""
     import torch
     import transformers
 
-    key = json.dumps({"v": PRE_CACHE_VERSION, "weights": base.sha256, "template": tokenizer.chat_template,
+    key = json.dumps({"v": PRE_CACHE_VERSION, "code": scoring_code_digest(), "weights": base.sha256,
+                      "template": tokenizer.chat_template,
                       "set": eval_fingerprint(spec, n), "format": spec.eval_format.model_dump(mode="json"),
                       "device": device, "dtype": str(dtype), "batch": batch_size, "torch": torch.__version__,
                       "transformers": transformers.__version__}, sort_keys=True, default=str)
