@@ -209,13 +209,18 @@ def test_train_step_calls_and_stats() -> None:
     assert backend.step == 2 and backend.sampler.version == 2
 
 
+def constant_group(reward: float):
+    """group()'s trajectories, every one with the same reward: no advantage anywhere."""
+    g = group()
+    for t in g.trajectories:
+        t.reward = reward
+    return g
+
+
 def test_zero_advantage_turns_count_in_the_mean_but_are_not_sent() -> None:
     service = FakeService()
     backend = TinkerBackend(config(), service_client=service)
-    constant = group()
-    for t in constant.trajectories:
-        t.reward = 0.5
-    stats = backend.train_step([group(), constant])
+    stats = backend.train_step([group(), constant_group(0.5)])
     data = service.log[1][1]
     assert len(data) == 3 and stats.tokens == 12 and stats.datums == 6 and stats.extra["active_tokens"] == 6
     assert inputs(data[0])["advantages"] == pytest.approx([0.0, 0.0, 0.3 / 12, 0.3 / 12])
@@ -224,10 +229,7 @@ def test_zero_advantage_turns_count_in_the_mean_but_are_not_sent() -> None:
 def test_nothing_to_learn_makes_no_call() -> None:
     service = FakeService()
     backend = TinkerBackend(config(), service_client=service)
-    g = group()
-    for t in g.trajectories:
-        t.reward = 1.0
-    stats = backend.train_step([g])
+    stats = backend.train_step([constant_group(1.0)])
     assert service.log == [] and backend.step == 0 and stats.extra["skipped"] == 1.0
     assert stats.datums == 3 and stats.tokens == 6 and stats.extra["active_tokens"] == 0
 
