@@ -20,6 +20,7 @@ import json
 import math
 import random
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -215,7 +216,9 @@ def reference_logprobs(model, rollouts: list[Rollout], device, autocast, use_bas
     return out
 
 
-def train(job: Job, base_model_path: str, sampling_dtype: torch.dtype | None = None) -> TrainOutput:
+def train(job: Job, base_model_path: str, sampling_dtype: torch.dtype | None = None,
+          on_step: Callable[[int], None] | None = None) -> TrainOutput:
+    """`on_step(step)` is called after each optimizer step (bench/profile_fast_step.py steps a profiler)."""
     cfg = job.config.train
     out_dir = Path(job.run_dir) / "job"
     surface, errors = read_surface(import_env(Path(job.workspace) / "env.py"))
@@ -293,6 +296,8 @@ def train(job: Job, base_model_path: str, sampling_dtype: torch.dtype | None = N
             "num_tokens": (history[-1]["num_tokens"] if history else 0.0) + sum(len(r.ids) for r in rollouts),
         })
         print(json.dumps({"step": step + 1, **{k: float(f"{v:.4g}") for k, v in history[-1].items()}}), flush=True)
+        if on_step is not None:
+            on_step(step + 1)
     train_seconds = time.monotonic() - start
 
     checkpoint = out_dir / "checkpoint"
