@@ -1,4 +1,6 @@
-"""Sampling speed: transformers' generate against ait.train.decode (eager and CUDA-graph).
+"""Sampling speed: transformers' generate against ait.train.decode (eager and CUDA-graph), and
+transformers' SDPA attention against ait.train.attention.grouped_sdpa (no KV-head copies) in the
+graph decoder.
 
     python bench/decode_speed.py --model smollm2-135m [--batch 64] [--new-tokens 128]
 
@@ -15,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ait.evals.rollout import prepare_tokenizer
+from ait.train.attention import grouped_attention_name
 from ait.train.decode import Decoder
 from ait.train.models import resolve_base_model
 
@@ -53,29 +56,34 @@ def main() -> None:
                                  do_sample=False, pad_token_id=tok.pad_token_id)
         return out[:, enc["input_ids"].shape[1]:].tolist()
 
-    results = {}
-    for name, fn in [
-        ("hf_generate", hf),
-        ("decode_eager", lambda: [s.ids for s in Decoder(model, stop_ids=never, pad_id=tok.pad_token_id,
-                                                          cuda_graphs=False).generate(prompts, args.new_tokens)]),
-        ("decode_graphs", None),
-    ]:
-        if name == "decode_graphs":
-            if device.type != "cuda":
-                continue
-            dec = Decoder(model, stop_ids=never, pad_id=tok.pad_token_id, cuda_graphs=True)
+    def decoder_run(graphs: bool):
+        dec = Decoder(model, stop_ids=never, pad_id=tok.pad_token_id, cuda_graphs=graphs)
+        if graphs:
             _, capture = timed(lambda: dec.generate(prompts, 8), device)  # includes the one-time capture
-            fn = lambda: [s.ids for s in dec.generate(prompts, args.new_tokens)]  # noqa: E731
-            print(f"decode_graphs: first call with capture {capture:.2f}s")
+            print(f"  (graph capture and first call: {capture:.2f}s)")
+        return lambda: [s.ids for s in dec.generate(prompts, args.new_tokens)]
+
+    grouped = grouped_attention_name()
+    variants = [("hf_generate", "sdpa", None), ("decode_eager", "sdpa", False), ("decode_eager_grouped", grouped, False)]
+    if device.type == "cuda":
+        variants += [("decode_graphs", "sdpa", True), ("decode_graphs_grouped", grouped, True)]
+    results = {}
+    for name, attention, graphs in variants:
+        # The attention function is looked up from the config at each forward: switch it in place.
+        model.config._attn_implementation = attention
+        fn = hf if graphs is None else decoder_run(graphs)
         fn()  # warm-up
         out, secs = timed(fn, device)
         results[name] = (out, secs)
-        print(f"{name:14s} {secs:7.3f}s  {args.batch * args.new_tokens / secs:10.0f} tokens/s")
+        print(f"{name:22s} {secs:7.3f}s  {args.batch * args.new_tokens / secs:10.0f} tokens/s")
+    if "decode_graphs" in results:
+        print(f"grouped attention / sdpa, graph decoder: "
+              f"x{results['decode_graphs'][1] / results['decode_graphs_grouped'][1]:.2f} tokens/s")
     base = results["hf_generate"]
     for name, (out, secs) in results.items():
         same = sum(a == b for a, b in zip(out, base[0]))
         first = sum(a[:16] == b[:16] for a, b in zip(out, base[0]))
-        print(f"{name:14s} speed-up x{base[1] / secs:5.2f}  identical rows {same}/{len(out)}  "
+        print(f"{name:22s} speed-up x{base[1] / secs:5.2f}  identical rows {same}/{len(out)}  "
               f"(first 16 tokens identical: {first}/{len(out)})")
 
 

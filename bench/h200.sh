@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The issue-7 measurements on the GPU machine, one stage per call (each fits one 10-minute call).
-#   bench/h200.sh calibrate | sidebyside FAMILY | pack FAMILY | uplift
+#   bench/h200.sh calibrate | sidebyside FAMILY | pack FAMILY | uplift | importtime
 # Expects the staged GGUF files /root/stage/smol.gguf and /root/stage/qwen.gguf and the wheels in
 # /tmp/site (see ../shared/device/stage.sh); results go under $OUT. The hidden set's seed is fixed so
 # the committed baselines are reproducible: the same seed gives the same hidden examples anywhere.
@@ -23,11 +23,14 @@ case "$stage" in
     python3 bench/inner_job.py --model smollm2-135m --family "${1:-calc_chain}" --trainers fast,trl \
       ${CAL:+--calibration $CAL} --json "$OUT/sidebyside.json" > "$OUT/sidebyside.log" 2>&1 ;;
   pack)
-    python3 bench/inner_job.py --model smollm2-135m --family "${1:-calc_chain}" --trainers fast --pack 1,8,2,4 \
+    python3 bench/inner_job.py --model smollm2-135m --family "${1:-calc_chain}" --trainers fast --pack "${PACK:-1,8,2,4}" \
       ${CAL:+--calibration $CAL} --json "$OUT/pack.json" > "$OUT/pack.log" 2>&1 ;;
+  importtime)  # what a fresh process spends importing torch and transformers (the jobs start two)
+    python3 -X importtime -c "import torch, transformers; from transformers import AutoModelForCausalLM" \
+      2> "$OUT/importtime.raw"; sort -t'|' -k2 -n -r "$OUT/importtime.raw" | head -40 > "$OUT/importtime.log" ;;
   uplift)
-    python3 bench/inner_job.py --model qwen2.5-coder-0.5b --trainers fast --parallel --lr 1e-5 \
-      --family calc_chain --family multi_hop --family string_pipeline --family ledger --family dispatch \
+    fams=""; for f in ${UPLIFT_FAMILIES:-calc_chain multi_hop string_pipeline ledger dispatch}; do fams="$fams --family $f"; done
+    python3 bench/inner_job.py --model qwen2.5-coder-0.5b --trainers fast --parallel --lr 1e-5 $fams \
       ${CAL:+--calibration $CAL} --json "$OUT/uplift.json" > "$OUT/uplift.log" 2>&1 ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

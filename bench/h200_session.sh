@@ -9,7 +9,9 @@
 #   pack         K = 1, 8, 2, 4 standard jobs at once, under CUDA MPS when the daemon is on this
 #                machine (kernels of the K processes then overlap); MPS stays on afterwards
 #   calibrate    untrained scores of both models over every family's ladder (scores)
-#   uplift       the standard job on Qwen at each calibrated rung, five jobs at once (scores)
+#   uplift       the standard job on Qwen at each calibrated rung, five jobs at once (scores); UPLIFT_FAMILIES
+#                picks the families; `uplift_bg` starts it in the background and goes on
+#   importtime   python -X importtime of torch + transformers (what each job process pays at start)
 #   arc          the outer loop (configs/outer/h200_mini.toml), started in the background: it
 #                runs beside the stages after it until the machine goes back
 # Stages that need Qwen wait for /root/stage/qwen.gguf.done (the staging calls touch it).
@@ -20,6 +22,9 @@ cd "$(dirname "$0")/.."
 R=/root/results
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:/tmp/site AIT_HIDDEN_SEED=${AIT_HIDDEN_SEED:-20261129} AIT_HOME=/root/.ait
+# The committed calibration (docs/measurements) picks each family's rung for the uplift jobs on a fresh
+# machine; the timing stages keep the families' default difficulty.
+UPLIFT_CAL=${UPLIFT_CAL:-$PWD/docs/measurements/calibration-h200.json}
 note() { echo "$(date -u +%H:%M:%S) $*" >> "$R/progress.log"; }
 wait_qwen() { while [ ! -f /root/stage/qwen.gguf.done ]; do sleep 5; done; }
 start_mps() {
@@ -37,7 +42,11 @@ for stage in ${*:-sidebyside pack calibrate arc uplift}; do
   case "$stage" in
     sidebyside) note "sidebyside start"; OUT=$R bench/h200.sh sidebyside calc_chain > /dev/null; note "sidebyside rc=$?" ;;
     pack) start_mps; note "pack start"; OUT=$R bench/h200.sh pack calc_chain > /dev/null; note "pack rc=$?" ;;
-    calibrate|uplift) wait_qwen; note "$stage start"; OUT=$R bench/h200.sh "$stage" > /dev/null; note "$stage rc=$?" ;;
+    importtime) OUT=$R bench/h200.sh importtime > /dev/null; note "importtime rc=$?" ;;
+    calibrate) wait_qwen; note "calibrate start"; OUT=$R bench/h200.sh calibrate > /dev/null; note "calibrate rc=$?" ;;
+    uplift) wait_qwen; note "uplift start"; CAL=$UPLIFT_CAL OUT=$R bench/h200.sh uplift > /dev/null; note "uplift rc=$?" ;;
+    uplift_bg) wait_qwen; note "uplift (background) start"
+               ( CAL=$UPLIFT_CAL OUT=$R bench/h200.sh uplift > /dev/null; note "uplift rc=$?" ) & ;;
     arc) wait_qwen; start_mps; note "arc start"
          python3 -c "from ait.cli import app; app()" train --config configs/outer/h200_mini.toml --run-dir "$R/arc" \
            > "$R/arc.log" 2>&1 & ;;

@@ -183,3 +183,40 @@ def test_scorer_patch_and_pickle_checkpoint_do_not_reach_the_eval(tmp_path):
     result = run_job(make_job(tmp_path, "pickle", swap))
     assert not result.ok and "safetensors" in result.error
     assert not marker.exists()
+
+
+def test_training_cannot_reach_the_eval_that_waits_beside_it(tmp_path):
+    """The eval starts with training and waits; its request and report live where training cannot write."""
+    attack = """
+        import os
+        eval_dir = os.path.join(os.path.dirname(os.getcwd()), 'eval')
+        outcome = []
+        for name, act in [('request', lambda: open(os.path.join(eval_dir, 'eval_request.json'), 'w').write('{}')),
+                          ('link', lambda: os.symlink('/etc/passwd', os.path.join(eval_dir, 'eval.json')))]:
+            try:
+                act()
+                outcome.append(name + ':done')
+            except OSError as e:
+                outcome.append(name + ':' + type(e).__name__)
+        print('EVAL-FILES', *outcome, flush=True)
+    """
+    result = run_job(make_job(tmp_path, "evalfiles", attack))
+    assert result.ok and result.post is not None, result.error
+    log = (tmp_path / "evalfiles" / "run" / "job" / "train.log").read_text()
+    assert "EVAL-FILES request:PermissionError link:PermissionError" in log, log[-2000:]
+    assert not (tmp_path / "evalfiles" / "run" / "eval" / "eval.json").is_symlink()
+
+
+def test_a_failed_training_stops_the_waiting_eval(tmp_path):
+    job = make_job(tmp_path, "crash", "raise SystemExit(7)")
+    result = run_job(job)
+    assert not result.ok and "SystemExit: 7" in result.error
+    request = str(Path(job.run_dir) / "eval" / "eval_request.json")
+    alive = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and request in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                alive.append(proc.name)
+        except OSError:
+            pass
+    assert not alive, f"eval processes left waiting: {alive}"

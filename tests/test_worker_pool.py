@@ -30,8 +30,8 @@ def fake_job(tmp_path: Path, i: int) -> Job:
 
 
 def test_slot_envs_pack_jobs_per_gpu_and_hide_gpus_from_cpu_slots():
-    assert slot_envs(None, []) == [{"CUDA_VISIBLE_DEVICES": ""}]
-    assert slot_envs(3, []) == [{"CUDA_VISIBLE_DEVICES": ""}] * 3
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in slot_envs(None, [])] == [""]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in slot_envs(3, [])] == [""] * 3
     packed = [e["CUDA_VISIBLE_DEVICES"] for e in slot_envs(None, ["0", "1"], jobs_per_gpu=2)]
     assert packed == ["0", "1", "0", "1"]
     assert [e["CUDA_VISIBLE_DEVICES"] for e in slot_envs(2, ["0", "1"], jobs_per_gpu=3)] == ["0", "1"]
@@ -269,3 +269,13 @@ def test_episode_on_the_local_executor_survives_its_training_being_killed(tmp_pa
     assert not episode.job.ok and episode.job.fail_reason is FailReason.oom
     assert episode.reward.validation == 1.0 and episode.reward.job_quality == 0.0
     assert episode.reward.total == pytest.approx(0.35)
+
+
+def test_slots_share_the_cpu_cores_unless_the_operator_set_threads(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(16)))
+    assert {e["OMP_NUM_THREADS"] for e in slot_envs(None, ["0"], jobs_per_gpu=8)} == {"2"}
+    assert {e["OMP_NUM_THREADS"] for e in slot_envs(32, [])} == {"1"}  # never 0
+    assert slot_envs(None, ["0"])[0]["OMP_NUM_THREADS"] == "16"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the operator's choice reaches the jobs untouched
+    assert "OMP_NUM_THREADS" not in slot_envs(4, ["0"], jobs_per_gpu=4)[0]

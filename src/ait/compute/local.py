@@ -39,20 +39,31 @@ def parse_gpus(text: str | None) -> list[str]:
 
 def slot_envs(slots: int | None, gpus: list[str], jobs_per_gpu: int = 1) -> list[dict[str, str]]:
     """One environment per slot. With GPUs, slots are spread over them round-robin (so
-    fewer slots than capacity still use every GPU) and at most `jobs_per_gpu` share one."""
+    fewer slots than capacity still use every GPU) and at most `jobs_per_gpu` share one.
+    Each slot also gets its share of the CPU cores as OMP_NUM_THREADS (unless the operator set
+    it): every torch process otherwise starts one spinning OpenMP thread per core, and K packed
+    jobs would oversubscribe the host K times over."""
     if jobs_per_gpu < 1:
         raise ValueError(f"--jobs-per-gpu must be at least 1, got {jobs_per_gpu}")
     if not gpus:
         n = 1 if slots is None else slots
         if n < 1:
             raise ValueError(f"--slots must be at least 1, got {n}")
-        return [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(n)]
+        return [{"CUDA_VISIBLE_DEVICES": "", **cpu_share(n)} for _ in range(n)]
     capacity = len(gpus) * jobs_per_gpu
     n = capacity if slots is None else slots
     if not 1 <= n <= capacity:
         raise ValueError(f"--slots {n} does not fit {len(gpus)} GPU(s) x {jobs_per_gpu} job(s) per GPU "
                          f"(at most {capacity}); raise --jobs-per-gpu to pack more jobs per GPU")
-    return [{"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} for i in range(n)]
+    return [{"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)], **cpu_share(n)} for i in range(n)]
+
+
+def cpu_share(slots: int) -> dict[str, str]:
+    """{"OMP_NUM_THREADS": cores // slots (at least 1)}; {} when the operator already set it."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return {}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return {"OMP_NUM_THREADS": str(max(1, cores // max(1, slots)))}
 
 
 def detect_gpus() -> list[str]:

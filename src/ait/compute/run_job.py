@@ -1,7 +1,8 @@
 """The job function every executor runs: train (untrusted) then hidden eval (trusted).
 
-    train process   python -m ait.train.main req.json         agent code, via the sandbox
-    eval process    python -m ait.evals.hidden_eval req.json  family code only, safetensors only
+    train process   python -m ait.train.main req.json         agent code, via the sandbox; writes job/
+    eval process    python -m ait.evals.hidden_eval req.json  family code only, safetensors only; started
+                                                              beside training, scores once told "go"; eval/
 
 A job that dies (OOM, crash, timeout, killed) yields a failed JobResult with a reason,
 never an exception: the episode still completes and scores job_quality 0.
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from ait.evals.hidden_eval import EvalReport, EvalRequest
 from ait.job.types import FailReason, Job, JobResult
-from ait.sandbox import Limits, RunOutcome, SandboxPolicy, run_process, run_untrusted
+from ait.sandbox import Limits, RunOutcome, SandboxPolicy, StartedProcess, run_untrusted
 from ait.train.request import EXIT_OOM, TrainOutput, TrainRequest
 from ait.train.models import ModelResolutionError, resolve_base_model
 
@@ -53,10 +54,17 @@ def model_read_paths(path: str) -> list[str]:
 
 def run_job(job: Job, extra_env: dict[str, str] | None = None) -> JobResult:
     """Train then evaluate one job. `extra_env` reaches both processes (e.g. CUDA_VISIBLE_DEVICES
-    for the GPU slot an executor assigned)."""
+    for the GPU slot an executor assigned).
+
+    The eval process starts beside the training process and waits (EvalRequest.wait_for_checkpoint):
+    its imports, model load and base score overlap training instead of following it. Its files
+    live in RUN_DIR/eval/, which the training process cannot write: agent code that ran beside
+    it can neither rewrite its request nor plant a link where it writes its report."""
     job_dir = Path(job.run_dir) / "job"
-    shutil.rmtree(job_dir, ignore_errors=True)  # a retried job starts clean, never on a dead attempt's files
-    job_dir.mkdir(parents=True)
+    eval_dir = Path(job.run_dir) / "eval"
+    for d in (job_dir, eval_dir):
+        shutil.rmtree(d, ignore_errors=True)  # a retried job starts clean, never on a dead attempt's files
+        d.mkdir(parents=True)
     start = time.monotonic()
 
     try:
@@ -67,6 +75,23 @@ def run_job(job: Job, extra_env: dict[str, str] | None = None) -> JobResult:
     request = TrainRequest(job=job, base_model_path=base_model.path, trainer=job.trainer)
     request_path = job_dir / "train_request.json"
     request_path.write_text(request.model_dump_json(indent=2))
+    checkpoint = job_dir / "checkpoint"  # fixed location: never a path the job chose
+    req = EvalRequest(task_path=job.task_path, base_model=job.config.job.base_model,
+                      base_model_sha256=base_model.sha256, checkpoint=str(checkpoint),
+                      n=job.eval_size, out_path=str(eval_dir / "eval.json"), wait_for_checkpoint=True)
+    req_path = eval_dir / "eval_request.json"
+    req_path.write_text(req.model_dump_json(indent=2))
+    # Our own code: it keeps the full environment but still gets a process group and a timeout.
+    evaluator = StartedProcess(["-m", "ait.evals.hidden_eval", str(req_path)], cwd=eval_dir,
+                               log_path=eval_dir / "eval.log", env={**os.environ, **(extra_env or {})}, stdin=True)
+    try:
+        return _train_then_score(job, job_dir, base_model, request_path, extra_env, evaluator, start)
+    finally:
+        evaluator.kill()  # stops a waiting eval when training failed (a no-op once it finished)
+
+
+def _train_then_score(job: Job, job_dir: Path, base_model, request_path: Path, extra_env: dict[str, str] | None,
+                      evaluator: StartedProcess, start: float) -> JobResult:
     outcome = run_untrusted(["-m", "ait.train.main", str(request_path)], cwd=job_dir,
                             timeout_s=job.time_budget_s * job.kill_factor, log_path=job_dir / "train.log",
                             policy=train_policy(job, base_model.path, job_dir, extra_env), env=extra_env)
@@ -86,23 +111,15 @@ def run_job(job: Job, extra_env: dict[str, str] | None = None) -> JobResult:
         return JobResult(ok=False, fail_reason=FailReason.crash, error=f"train_output.json unreadable: {e}",
                          total_seconds=time.monotonic() - start, **base)
 
-    checkpoint = job_dir / "checkpoint"  # fixed location: never a path the job chose
-    req = EvalRequest(task_path=job.task_path, base_model=job.config.job.base_model,
-                      base_model_sha256=base_model.sha256, checkpoint=str(checkpoint),
-                      n=job.eval_size, out_path=str(job_dir / "eval.json"))
-    req_path = job_dir / "eval_request.json"
-    req_path.write_text(req.model_dump_json(indent=2))
-    # Our own code: it keeps the full environment but still gets a process group and a timeout.
-    evaluated = run_process(["-m", "ait.evals.hidden_eval", str(req_path)], cwd=job_dir,
-                            timeout_s=EVAL_TIMEOUT_S, log_path=job_dir / "eval.log",
-                            env={**os.environ, **(extra_env or {})})
+    evaluated = evaluator.finish(EVAL_TIMEOUT_S, stdin_line="go")
+    out_path = Path(evaluator.log_path).parent / "eval.json"
     if evaluated.returncode != 0:
         return JobResult(ok=False, fail_reason=FailReason.crash,
                          error=f"hidden eval failed (status {evaluated.returncode})\n{evaluated.log_tail}",
                          total_seconds=time.monotonic() - start, **base)
-    report = EvalReport.model_validate_json((job_dir / "eval.json").read_text())
+    report = EvalReport.model_validate_json(out_path.read_text())
     metrics = {k: v for k, v in trained.metrics.items() if isinstance(v, float)}
     metrics.update(report.seconds)
     return JobResult(ok=True, pre=report.pre, post=report.post, eval_n=report.n,
-                     weights_changed=report.weights_changed, checkpoint=str(checkpoint),
+                     weights_changed=report.weights_changed, checkpoint=str(job_dir / "checkpoint"),
                      total_seconds=time.monotonic() - start, metrics=metrics, **base)

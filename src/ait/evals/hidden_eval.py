@@ -53,6 +53,11 @@ class EvalRequest(BaseModel):
     """Also score the trained weights on the spec's public dev examples."""
     out_path: str
     """Where to write the EvalReport JSON."""
+    wait_for_checkpoint: bool = False
+    """Load and score the base weights first, then wait for one line on stdin before reading the
+    checkpoint: `go` (training finished and its output checked: score it) or anything else, or
+    end of input (no checkpoint: exit without a report). run_job starts the eval this way beside
+    the training process, so the eval's start-up is not on the job's critical path."""
 
 
 class EvalReport(BaseModel):
@@ -172,6 +177,19 @@ def score(model, tokenizer, spec, examples, batch_size) -> tuple[float, list[lis
     return sum(scores) / max(len(scores), 1), convs
 
 
+class NoCheckpoint(Exception):
+    """A waiting eval was told there is no checkpoint to score (training failed)."""
+
+
+EXIT_NO_CHECKPOINT = 3
+
+
+def wait_for_go() -> None:
+    line = sys.stdin.readline()
+    if line.strip() != "go":
+        raise NoCheckpoint
+
+
 def evaluate(req: EvalRequest) -> EvalReport:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -202,6 +220,10 @@ def evaluate(req: EvalRequest) -> EvalReport:
         else:
             report.seconds["eval/pre_cached"] = 1.0
         report.seconds["eval/pre_s"] = time.monotonic() - t
+    if req.checkpoint and req.wait_for_checkpoint:
+        t = time.monotonic()
+        wait_for_go()
+        report.seconds["eval/waited_s"] = time.monotonic() - t
     if req.checkpoint:
         report.weights_changed = apply_checkpoint(model, load_checkpoint_tensors(Path(req.checkpoint)))
     if req.checkpoint and examples:
@@ -222,7 +244,10 @@ def evaluate(req: EvalRequest) -> EvalReport:
 
 def main(argv: list[str]) -> int:
     req = EvalRequest.model_validate_json(Path(argv[0]).read_text())
-    report = evaluate(req)
+    try:
+        report = evaluate(req)
+    except NoCheckpoint:
+        return EXIT_NO_CHECKPOINT
     Path(req.out_path).write_text(report.model_dump_json(indent=2))
     return 0
 

@@ -25,8 +25,8 @@ from pathlib import Path
 from ait.sandbox import cgroup
 from ait.sandbox.types import Limits, SandboxPolicy
 
-__all__ = ["UNSAFE_ENV", "Limits", "RunOutcome", "SandboxPolicy", "SandboxUnavailable", "run_process",
-           "require_isolation", "run_untrusted", "unsafe_allowed"]
+__all__ = ["UNSAFE_ENV", "Limits", "RunOutcome", "SandboxPolicy", "SandboxUnavailable", "StartedProcess",
+           "run_process", "require_isolation", "run_untrusted", "unsafe_allowed"]
 
 # Variables a child needs to run Python and find its libraries; everything else
 # (API keys, cloud credentials, tokens) is dropped.
@@ -149,23 +149,48 @@ def run_process(args: list[str], *, cwd: str | Path, timeout_s: float, log_path:
     """Run `python args...` in a new session; kill the whole group at `timeout_s`.
     Output goes through a pipe: the log keeps the first MAX_LOG_BYTES/2 and the last
     MAX_LOG_BYTES/2 bytes, so a flood of output can neither fill the disk nor hide the end."""
-    log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    reader = threading.Thread(target=_capture, args=(proc.stdout, log_path), daemon=True)
-    reader.start()
-    timed_out = False
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    finally:
-        kill_group(proc)  # also reaps grandchildren left behind by a finished parent
-        proc.wait()
-        reader.join(timeout=10)
-    return RunOutcome(None if timed_out else proc.returncode, timed_out, time.monotonic() - start, tail(log_path))
+    return StartedProcess(args, cwd=cwd, log_path=log_path, env=env).finish(timeout_s)
+
+
+class StartedProcess:
+    """`python args...` started now in a new session, finished later (run_process in two halves):
+    the caller can do other work meanwhile and then hand it one line on stdin (for example "go").
+    `kill()` stops the whole group; it is safe to call more than once."""
+
+    def __init__(self, args: list[str], *, cwd: str | Path, log_path: str | Path, env: dict[str, str] | None = None,
+                 stdin: bool = False):
+        self.log_path = Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.start = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, *args], cwd=cwd, env=env,
+                                     stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        self.reader = threading.Thread(target=_capture, args=(self.proc.stdout, self.log_path), daemon=True)
+        self.reader.start()
+
+    def finish(self, timeout_s: float, stdin_line: str | None = None) -> RunOutcome:
+        """Send `stdin_line` (then close stdin), wait up to `timeout_s` more, kill the group."""
+        if self.proc.stdin is not None:
+            try:
+                if stdin_line is not None:
+                    self.proc.stdin.write((stdin_line.rstrip("\n") + "\n").encode())
+                self.proc.stdin.close()
+            except (BrokenPipeError, OSError):
+                pass  # it exited already: its status says why
+        timed_out = False
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            self.kill()
+        return RunOutcome(None if timed_out else self.proc.returncode, timed_out, time.monotonic() - self.start,
+                          tail(self.log_path))
+
+    def kill(self) -> None:
+        kill_group(self.proc)  # also reaps grandchildren left behind by a finished parent
+        self.proc.wait()
+        self.reader.join(timeout=10)
 
 
 def _capture(pipe, log_path: Path) -> None:

@@ -28,7 +28,7 @@ import torch
 
 from ait.job.env_loader import import_env, read_surface
 from ait.job.types import Job, TrainConfig
-from ait.train.attention import avoid_cudnn_attention
+from ait.train.attention import avoid_cudnn_attention, grouped_attention_name
 from ait.train.decode import Decoder
 from ait.train.request import TrainOutput, build_rows, safe_reward
 from ait.train.rollouts import Rollout, rollout_batch, stop_ids
@@ -54,7 +54,7 @@ def load_policy(base_model_path: str, train: TrainConfig, device: torch.device):
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if (cuda and train.lora is not None) else torch.float32
     model = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=dtype, use_safetensors=True,
-                                                 attn_implementation="sdpa").to(device)
+                                                 attn_implementation=grouped_attention_name()).to(device)
     if train.lora is not None:
         from peft import LoraConfig, get_peft_model
 

@@ -164,7 +164,7 @@ class LocalBackend:
         from transformers.utils import logging as hf_logging
 
         from ait.evals.rollout import prepare_tokenizer
-        from ait.train.attention import avoid_cudnn_attention
+        from ait.train.attention import avoid_cudnn_attention, grouped_attention_name
         from ait.train.models import resolve_base_model
 
         hf_logging.disable_progress_bar()
@@ -176,7 +176,8 @@ class LocalBackend:
         dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
         self.tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(resolved.path, trust_remote_code=False))
         base = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype, use_safetensors=True,
-                                                    trust_remote_code=False).to(self.device)
+                                                    trust_remote_code=False,
+                                                    attn_implementation=grouped_attention_name()).to(self.device)
         base.config.use_cache = False
         sampler = copy.deepcopy(base).eval()  # before peft wraps base's layers: a plain model
         for q in sampler.parameters():
