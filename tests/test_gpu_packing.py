@@ -80,3 +80,26 @@ def test_estimates_grow_with_the_job(tmp_path):
     bigger = job.model_copy(deep=True)
     bigger.config.train.num_generations *= 8
     assert estimate_job_gib(bigger, str(tiny_model_path())) > small > 0
+
+
+def test_the_estimate_covers_what_the_h200_measured_for_the_standard_job(tmp_path):
+    """SmolLM2-135M's shape, the standard job (64 rollouts, 128 tokens, full fine-tuning): on an H200
+    each training process held ~17 GiB and its waiting eval 0.8 GiB, and eight such jobs ran out of
+    139.8 GiB. The estimate must cover one job and must not admit eight at once."""
+    import json
+
+    model = tmp_path / "smollm2"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+        "vocab_size": 49152, "torch_dtype": "bfloat16"}))
+    with open(model / "model.safetensors", "wb") as f:  # sparse: only its size is read
+        f.truncate(int(134.5e6 * 2))
+    job = reference_job(tmp_path)
+    job.config.train.prompts_per_step, job.config.train.num_generations = 8, 8
+    job.config.train.max_completion_length = 128
+    job.config.train.lora = None
+    gib = estimate_job_gib(job, str(model))
+    assert gib >= 17.0 + 0.8
+    ledger = GpuLedger({"0": 139.8})  # 90% headroom, as LocalExecutor uses it
+    assert 8 * gib > ledger.capacity["0"] >= 7 * gib

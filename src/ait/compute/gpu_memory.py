@@ -8,7 +8,13 @@ The estimate is deliberately pessimistic (it counts the fast trainer's largest b
   weights, grads and AdamW state: 16 B/param trained in full (fp32 master + 2 moments
   + grad) and a 2 B/param bf16 sampling copy; with LoRA a bf16 base (2 B/param) twice;
   KV cache: rollouts x (prompt + completion) tokens x layers x 2 x kv_heads x head_dim x 2 B;
-  scoring: one micro-batch's activations and logits (ait.train.fast_grpo caps its size by vocab).
+  scoring: one micro-batch's activations and logits (ait.train.fast_grpo caps its size by vocab);
+  allocator slack: 15% over what torch allocates (its caching allocator reserves more);
+  two CUDA contexts: the training process and the hidden eval, which waits beside it holding
+  the base weights in bf16 (ait.compute.run_job starts both at once).
+Measured on an H200 (SmolLM2-135M standard job): 15.6 GB allocated at peak, ~17 GB per
+training process in nvidia-smi, 0.8 GB for the waiting eval; eight such jobs did not fit
+139.8 GB when the waiting eval was not counted.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from ait.job.types import Job
 
 GIB = 2**30
 PROMPT_TOKENS = 1024  # a generous allowance for the system prompt, tool schemas and tool results
-OVERHEAD_GIB = 1.5    # CUDA context, allocator slack, the eval's model copy
+CONTEXT_GIB = 0.75    # one process's CUDA context and cuBLAS/cuDNN workspaces
+ALLOCATOR_SLACK = 1.15  # calibrated on the H200 measurement below
 
 
 def model_shape(model_dir: str) -> dict:
@@ -40,7 +47,7 @@ def model_shape(model_dir: str) -> dict:
 
 
 def estimate_job_gib(job: Job, model_dir: str) -> float:
-    """Peak GPU memory of one job (training process), pessimistic."""
+    """Peak GPU memory of one job (training process and the eval waiting beside it), pessimistic."""
     s = model_shape(model_dir)
     t = job.config.train
     weights = s["params"] * (2 + 2 + (t.lora.r / 64 if t.lora else 0)) if t.lora else s["params"] * (16 + 2)
@@ -49,8 +56,9 @@ def estimate_job_gib(job: Job, model_dir: str) -> float:
     kv = rollouts * tokens * s["layers"] * 2 * s["kv_heads"] * s["head_dim"] * 2
     micro = max(1024, min(16_384, 2**29 // s["vocab"]))  # ait.train.fast_grpo.microbatch_tokens
     activations = micro * s["hidden"] * s["layers"] * 24
-    logits = micro * s["vocab"] * 10  # bf16 logits, fp32 log-softmax, its grad
-    return (weights + kv + activations + logits) / GIB + OVERHEAD_GIB
+    logits = micro * s["vocab"] * 12  # bf16 logits and their grad, fp32 log-softmax and its grad
+    waiting_eval = s["params"] * 2  # bf16 base weights, loaded while training runs
+    return ((weights + kv + activations + logits) * ALLOCATOR_SLACK + waiting_eval) / GIB + 2 * CONTEXT_GIB
 
 
 def gpu_total_gib(index: str) -> float | None:
