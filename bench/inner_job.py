@@ -60,6 +60,7 @@ seed = {seed}
 {lora}"""
     (ws / "job.toml").write_text(text)
     task = task_path(family, out, args)
+    shutil.copy(task, ws / "task.json")  # as in an episode's workspace: the reference env reads its difficulty
     return Job(job_id=f"bench-{family}-{trainer}{tag}", run_dir=str(out / f"run-{family}-{trainer}{tag}"),
                workspace=str(ws), task_path=str(task), config=parse_job_config(text, None),
                time_budget_s=args.time_budget, eval_size=args.eval_n, trainer=trainer)

@@ -399,3 +399,36 @@ def test_answer_only_guessing_scores_low(monkeypatch, tmp_path):
             nums = [int(x) for x in re.findall(r"\d+", ex.prompt)]
             hits += FAMILY.score(f"Answer: {guess(nums)}", ex.answer)
         assert hits / len(exs) < 0.05, f"guessing the {name} scores {hits}/{len(exs)}"
+
+
+def test_the_reference_env_trains_at_the_tasks_difficulty(tmp_path):
+    """The reference env reads task.json beside it: an easy rung trains on easy problems (it once
+    trained a 2-4-operation mix at every rung, and the model learned only the shaped rewards)."""
+    import json
+    import re
+    import shutil
+
+    from ait.job.env_loader import import_env
+
+    ref = Path(__file__).resolve().parents[1] / "src" / "ait" / "policy" / "reference_jobs" / "calc_chain"
+    ws = tmp_path / "ws"
+    shutil.copytree(ref, ws)
+    task = json.loads((Path(__file__).resolve().parents[1] / "examples" / "tasks" / "calc_chain.json").read_text())
+    task["difficulty"] = {"n_ops": 1, "operand_min": 2, "operand_max": 99, "operators": "+-"}
+    (ws / "task.json").write_text(json.dumps(task))
+    rows = import_env(ws / "env.py").build_dataset(200, 0)
+    assert len(rows) == 200
+    for row in rows:
+        numbers = [int(x) for x in re.findall(r"\d+", row["prompt"])]
+        assert len(numbers) == 2 and all(2 <= x <= 99 for x in numbers), row["prompt"]
+        assert "multipl" not in row["prompt"] and row["info"]["n_ops"] == 1
+        a, b = numbers
+        assert int(row["answer"]) in (a + b, a - b)
+    # a rung with fewer distinct problems than asked for ends instead of looping forever
+    task["difficulty"] = {"n_ops": 1, "operand_min": 2, "operand_max": 3, "operators": "+"}
+    (ws / "task.json").write_text(json.dumps(task))
+    small = import_env(ws / "env.py").build_dataset(100, 0)
+    assert 1 <= len(small) <= 4 * 2  # 2 x 2 operand pairs x 2 phrasings
+    # without task.json (an older workspace): the 2-4-operation mix as before
+    (ws / "task.json").unlink()
+    assert {r["info"]["n_ops"] for r in import_env(ws / "env.py").build_dataset(100, 0)} <= {2, 3, 4}

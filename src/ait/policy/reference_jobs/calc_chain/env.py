@@ -1,12 +1,15 @@
 """Reference calc_chain environment: chained arithmetic with a one-operation calculator.
 
-Training prompts mimic the task's phrasing; rewards give full credit for the exact
-answer in the eval's format, partial credit for a close number (so a weak model gets
-a gradient), and a little for using the calculator.
+Training prompts mimic the task's phrasing at the task's own difficulty (task.json beside
+this file: number of operations, operand range, operators); rewards give full credit for
+the exact answer in the eval's format, partial credit for a close number (so a weak model
+gets a gradient), and a little for using the calculator.
 """
 
+import json
 import random
 import re
+from pathlib import Path
 
 SYSTEM_PROMPT = (
     "You are a careful assistant that solves arithmetic with a calculator tool. "
@@ -54,11 +57,24 @@ class Environment:
         return str(int(r)) if r == int(r) else f"{r:.6f}".rstrip("0").rstrip(".")
 
 
-def _problem(rng: random.Random) -> dict:
-    value = rng.randint(2, 999)
+def task_difficulty() -> dict:
+    """The task's difficulty knobs from task.json next to this file ({} when it is not there).
+    Training at another difficulty teaches the wrong problems: at an easy rung the model would
+    only ever see chains it cannot solve, and learn the shaped rewards instead of the answer."""
+    try:
+        return json.loads(Path(__file__).with_name("task.json").read_text()).get("difficulty", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _problem(rng: random.Random, difficulty: dict) -> dict:
+    lo, hi = int(difficulty.get("operand_min", 2)), int(difficulty.get("operand_max", 999))
+    ops = [o for o in difficulty.get("operators", "+-*") if o in PHRASES] or list(PHRASES)
+    n_ops = difficulty.get("n_ops")
+    value = rng.randint(lo, hi)
     start, parts = value, []
-    for _ in range(rng.randint(2, 4)):
-        op, b = rng.choice("+-*"), rng.randint(2, 999)
+    for _ in range(int(n_ops) if n_ops else rng.randint(2, 4)):
+        op, b = rng.choice(ops), rng.randint(lo, hi)
         parts.append(rng.choice(PHRASES[op]).format(b=b))
         value = value + b if op == "+" else value - b if op == "-" else value * b
     chain = ", then ".join(parts)
@@ -68,9 +84,12 @@ def _problem(rng: random.Random) -> dict:
 
 def build_dataset(n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
+    difficulty = task_difficulty()
     rows, seen = [], set()
-    while len(rows) < n:
-        row = _problem(rng)
+    for _ in range(50 * n):  # a tiny difficulty has fewer distinct problems than asked for: stop
+        if len(rows) == n:
+            break
+        row = _problem(rng, difficulty)
         if row["prompt"] not in seen:
             seen.add(row["prompt"])
             rows.append(row)
