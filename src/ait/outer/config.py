@@ -37,6 +37,9 @@ class PolicySection(Strict):
     weights the policy starts from (fresh optimizer, step 0). Tinker: a tinker:// path also works."""
     sample_batch_size: int = Field(default=16, ge=1, le=1024)
     """Most requests the local sampler generates together."""
+    continuous_batching: bool = True
+    """Local sampler: a request joins the running batch at the next decode step and leaves when its
+    reply ends (False: static batches that decode until their longest reply ends)."""
 
 
 class TrainerSection(Strict):

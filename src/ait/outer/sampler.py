@@ -1,8 +1,9 @@
 """Sampling the agent for many concurrent episodes from one in-memory model.
 
     SamplingEngine   one thread owns the sampling model; episodes' requests queue up and are
-                     generated together (left-padded batch, KV cache); `refresh` swaps in new
-                     weights between batches
+                     generated together: continuously (a request joins the running batch at the
+                     next decode step and leaves when its reply ends; ait.outer.batching) or in
+                     static batches; `refresh` swaps in new weights once the running rows end
     EnginePolicy     an HFPolicy (render, fit, parse, TokenTrace) whose `sample` goes through
                      the engine, with its own seeded generator: an episode's replies depend on
                      its seed and the weights, not on which other episodes shared its batch
@@ -18,7 +19,7 @@ logprobs at temperature 1, as HFPolicy does.
 
 from __future__ import annotations
 
-import queue
+import collections
 import threading
 import warnings
 from concurrent.futures import Future
@@ -53,13 +54,14 @@ def eos_ids(model: Any, tokenizer: Any) -> set[int]:
 
 
 def generate_batch(model: Any, requests: list[Request], pad_id: int, stop_ids: set[int]) -> list[tuple[list[int], list[float]]]:
-    """Sample each request's reply (same temperature and length cap across the batch); returns
+    """Sample each request's reply (one temperature across the batch; a row ends at a stop token or its
+    own max_new_tokens, the batch when its last row ends); returns
     (ids, logprobs) per request, the end-of-turn token included when sampled."""
     import torch
     from transformers import DynamicCache
 
     device = model.device
-    temperature, max_new = requests[0].temperature, requests[0].max_new_tokens
+    temperature, max_new = requests[0].temperature, max(r.max_new_tokens for r in requests)
     width = max(len(r.prompt_ids) for r in requests)
     rows = len(requests)
     input_ids = torch.full((rows, width), pad_id, dtype=torch.long, device=device)
@@ -93,7 +95,7 @@ def generate_batch(model: Any, requests: list[Request], pad_id: int, stop_ids: s
             for i, tok in enumerate(nxt.tolist()):  # the step's one wait for the device
                 if live[i]:
                     out_ids[i].append(tok)
-                    live[i] = tok not in stop_ids
+                    live[i] = tok not in stop_ids and len(out_ids[i]) < requests[i].max_new_tokens
             if not any(live):
                 break
             mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype, device=device)], dim=1)
@@ -105,67 +107,127 @@ def generate_batch(model: Any, requests: list[Request], pad_id: int, stop_ids: s
 
 
 class SamplingEngine:
-    """Owns the sampling model; one worker thread generates queued requests in batches."""
+    """Owns the sampling model; one worker thread generates the queued requests of all episodes.
 
-    def __init__(self, model: Any, tokenizer: Any, max_batch: int = 16, version: int = 0):
+    continuous (the default): a running batch (ait.outer.batching) that a request joins at the next
+    decode step and leaves as soon as its reply ends; static: requests waiting together are
+    generated as one batch until its longest reply ends (generate_batch), the arrangement the
+    continuous one is measured against (bench/outer_continuous_batching.py)."""
+
+    def __init__(self, model: Any, tokenizer: Any, max_batch: int = 16, version: int = 0, continuous: bool = True):
         self.model, self.tokenizer, self.max_batch = model, tokenizer, max_batch
+        self.continuous = continuous
         self.version = version
         """Optimizer steps of the weights being sampled from."""
         self.stop_ids = eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.stop_ids)
-        self.lock = threading.Lock()  # held while a batch generates and while weights are swapped
         self.tokenizer_lock = threading.Lock()  # a fast tokenizer is not safe to call from several threads at once
-        self.requests: queue.Queue[Request | None] = queue.Queue()
-        self.batches = 0
+        self.cond = threading.Condition()  # guards pending, active, paused, closing
+        self.pending: collections.deque[Request] = collections.deque()
+        self.active = 0       # rows being generated
+        self.paused = False   # a weight swap waits: admit nothing until the running rows finish
+        self.closing = False
+        self.batches = 0      # prefills (a batch of requests that started together)
         self.tokens = 0
-        self._worker = threading.Thread(target=self._run, name="ait-sampler", daemon=True)
+        self._worker = threading.Thread(target=self._run_continuous if continuous else self._run_static,
+                                        name="ait-sampler", daemon=True)
         self._worker.start()
 
     def sample(self, prompt_ids: list[int], temperature: float, max_new_tokens: int,
                generator: Any) -> tuple[list[int], list[float]]:
         request = Request(list(prompt_ids), temperature, max_new_tokens, generator)
-        self.requests.put(request)
+        with self.cond:
+            if self.closing:
+                raise RuntimeError("the sampling engine is closed")
+            self.pending.append(request)
+            self.cond.notify_all()
         return request.future.result()
 
     def refresh(self, update: Any, version: int) -> None:
-        """Swap in new weights between batches: `update(model)` copies them in place."""
-        with self.lock:
-            update(self.model)
-            self.version = version
+        """Swap in new weights: `update(model)` copies them in place once no reply is being generated
+        (the running rows finish on the weights they started with; new requests wait)."""
+        with self.cond:
+            self.paused = True
+            self.cond.wait_for(lambda: self.active == 0)
+            try:
+                update(self.model)
+                self.version = version
+            finally:
+                self.paused = False
+                self.cond.notify_all()
 
     def close(self) -> None:
-        self.requests.put(None)
+        """Serve what is queued, then stop the worker."""
+        with self.cond:
+            self.closing = True
+            self.cond.notify_all()
 
-    def _run(self) -> None:
+    def _take(self, room: int) -> list[Request] | None:
+        """Wait for work; return up to `room` queued requests to start ([] while paused or full),
+        or None when closed and drained. Marks them active before letting go of the lock."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.closing or self.active or (self.pending and not self.paused))
+            if self.closing and not self.active and not self.pending:
+                return None
+            taken = []
+            while self.pending and not self.paused and len(taken) < room:
+                taken.append(self.pending.popleft())
+            self.active += len(taken)
+            return taken
+
+    def _finished(self, n: int) -> None:
+        with self.cond:
+            self.active -= n
+            self.cond.notify_all()
+
+    def _run_continuous(self) -> None:
+        from ait.outer.batching import RunningBatch
+
+        batch = RunningBatch(self.model, self.pad_id, self.stop_ids)
         while True:
-            first = self.requests.get()
-            if first is None:
+            new = self._take(self.max_batch - len(batch))
+            if new is None:
                 return
-            pending = [first]
-            while len(pending) < self.max_batch:
-                try:
-                    nxt = self.requests.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self.requests.put(None)  # close after this batch
-                    break
-                pending.append(nxt)
-            by_key: dict[tuple[float, int], list[Request]] = {}
+            try:
+                if new:
+                    batch.admit(new)
+                    self.batches += 1
+                done = batch.step() if len(batch) else []
+            except BaseException as e:  # noqa: BLE001 - each waiting episode sees the error
+                in_batch = {id(r.request) for r in batch.rows}  # admit adds all of `new` or none
+                failed = [r.request for r in batch.rows] + [r for r in new if id(r) not in in_batch]
+                for r in failed:
+                    r.future.set_exception(e)
+                self._finished(len(failed))
+                batch = RunningBatch(self.model, self.pad_id, self.stop_ids)
+                continue
+            for row in done:
+                self.tokens += len(row.ids)
+                row.request.future.set_result((row.ids, row.logprobs))
+            if done:
+                self._finished(len(done))
+
+    def _run_static(self) -> None:
+        while True:
+            pending = self._take(self.max_batch)
+            if pending is None:
+                return
+            by_key: dict[float, list[Request]] = {}
             for r in pending:
-                by_key.setdefault((r.temperature, r.max_new_tokens), []).append(r)
+                by_key.setdefault(r.temperature, []).append(r)
             for batch in by_key.values():
                 try:
-                    with self.lock:
-                        results = generate_batch(self.model, batch, self.pad_id, self.stop_ids)
+                    results = generate_batch(self.model, batch, self.pad_id, self.stop_ids)
                 except BaseException as e:  # noqa: BLE001 - each waiting episode sees the error
                     for r in batch:
                         r.future.set_exception(e)
+                    self._finished(len(batch))
                     continue
                 self.batches += 1
                 for r, res in zip(batch, results):
                     self.tokens += len(res[0])
                     r.future.set_result(res)
+                self._finished(len(batch))
 
 
 class EnginePolicy(HFPolicy):

@@ -196,7 +196,8 @@ class LocalBackend:
         self.model_name = p.model
         self.merger = LoraMerge(self.model, sampler)
         self.merger.merge()
-        self.engine = SamplingEngine(sampler, self.tokenizer, max_batch=p.sample_batch_size, version=0)
+        self.engine = SamplingEngine(sampler, self.tokenizer, max_batch=p.sample_batch_size, version=0,
+                                     continuous=p.continuous_batching)
         self._seeds = count(config.seed * 1_000_003)
         if p.init_checkpoint:
             self.warm_start(p.init_checkpoint)
