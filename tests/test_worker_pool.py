@@ -279,3 +279,16 @@ def test_slots_share_the_cpu_cores_unless_the_operator_set_threads(monkeypatch):
     assert slot_envs(None, ["0"])[0]["OMP_NUM_THREADS"] == "16"
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the operator's choice reaches the jobs untouched
     assert "OMP_NUM_THREADS" not in slot_envs(4, ["0"], jobs_per_gpu=4)[0]
+
+
+def test_jobs_that_share_a_gpu_score_in_smaller_micro_batches(monkeypatch):
+    from ait.train.fast_grpo import microbatch_tokens
+
+    assert "AIT_LOGIT_BUDGET" not in slot_envs(None, ["0"])[0]  # alone: the full budget
+    env = slot_envs(None, ["0"], jobs_per_gpu=8)[0]
+    assert int(env["AIT_LOGIT_BUDGET"]) == 2**28
+    full = microbatch_tokens(49152)
+    monkeypatch.setenv("AIT_LOGIT_BUDGET", env["AIT_LOGIT_BUDGET"])
+    assert microbatch_tokens(49152) == full // 2  # the training process reads it
+    monkeypatch.setenv("AIT_LOGIT_BUDGET", "not a number")
+    assert microbatch_tokens(49152) == full  # a garbled value falls back, it does not crash the job

@@ -46,7 +46,7 @@ def model_shape(model_dir: str) -> dict:
             "hidden": hidden, "vocab": cfg.get("vocab_size", 32000)}
 
 
-def estimate_job_gib(job: Job, model_dir: str) -> float:
+def estimate_job_gib(job: Job, model_dir: str, logit_budget: int = 2**29) -> float:
     """Peak GPU memory of one job (training process and the eval waiting beside it), pessimistic."""
     s = model_shape(model_dir)
     t = job.config.train
@@ -54,7 +54,7 @@ def estimate_job_gib(job: Job, model_dir: str) -> float:
     rollouts = t.prompts_per_step * t.num_generations
     tokens = PROMPT_TOKENS + t.max_completion_length
     kv = rollouts * tokens * s["layers"] * 2 * s["kv_heads"] * s["head_dim"] * 2
-    micro = max(1024, min(16_384, 2**29 // s["vocab"]))  # ait.train.fast_grpo.microbatch_tokens
+    micro = max(1024, min(16_384, logit_budget // s["vocab"]))  # ait.train.fast_grpo.microbatch_tokens
     activations = micro * s["hidden"] * s["layers"] * 24
     logits = micro * s["vocab"] * 12  # bf16 logits and their grad, fp32 log-softmax and its grad
     waiting_eval = s["params"] * 2  # bf16 base weights, loaded while training runs

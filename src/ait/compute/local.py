@@ -55,7 +55,13 @@ def slot_envs(slots: int | None, gpus: list[str], jobs_per_gpu: int = 1) -> list
     if not 1 <= n <= capacity:
         raise ValueError(f"--slots {n} does not fit {len(gpus)} GPU(s) x {jobs_per_gpu} job(s) per GPU "
                          f"(at most {capacity}); raise --jobs-per-gpu to pack more jobs per GPU")
-    return [{"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)], **cpu_share(n)} for i in range(n)]
+    # Jobs that share a GPU score in half-size micro-batches: their peak memory is mostly one
+    # micro-batch's logits, and at the full size eight SmolLM2 standard jobs do not fit an H200.
+    packed = {"AIT_LOGIT_BUDGET": str(PACKED_LOGIT_BUDGET)} if jobs_per_gpu > 1 else {}
+    return [{"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)], **cpu_share(n), **packed} for i in range(n)]
+
+
+PACKED_LOGIT_BUDGET = 2**28  # half of ait.train.fast_grpo.LOGIT_BUDGET
 
 
 def cpu_share(slots: int) -> dict[str, str]:
@@ -164,7 +170,7 @@ class LocalExecutor:
             gpu = env.get("CUDA_VISIBLE_DEVICES", "")
             if not gpu or gpu not in self.ledger.used:
                 return self.job_fn(job, env)
-            need = estimate_gib(job)
+            need = estimate_gib(job, int(env.get("AIT_LOGIT_BUDGET", 2**29)))
             with self.ledger.reserve(gpu, need) as held:
                 result = self.job_fn(job, env)
             if result.fail_reason == FailReason.oom and held.shared:
@@ -177,13 +183,13 @@ class LocalExecutor:
             self._free.put(env)
 
 
-def estimate_gib(job: Job) -> float:
+def estimate_gib(job: Job, logit_budget: int = 2**29) -> float:
     """The job's estimated peak GPU memory; 0 when its model cannot be resolved (run_job reports why)."""
     from ait.compute.gpu_memory import estimate_job_gib
     from ait.train.models import resolve_base_model
 
     try:
-        return estimate_job_gib(job, resolve_base_model(job.config.job.base_model).path)
+        return estimate_job_gib(job, resolve_base_model(job.config.job.base_model).path, logit_budget)
     except Exception:  # noqa: BLE001 - the job itself will fail with the real reason
         return 0.0
 

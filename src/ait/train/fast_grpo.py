@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import random
 import time
 from collections.abc import Callable
@@ -34,13 +35,22 @@ from ait.train.request import TrainOutput, build_rows, safe_reward
 from ait.train.rollouts import Rollout, rollout_batch, stop_ids
 
 LOGIT_BUDGET = 2**29  # scoring micro-batch: padded tokens x vocab stays under this (~5 GB of logits and grads)
+LOGIT_BUDGET_ENV = "AIT_LOGIT_BUDGET"  # set by the executor for jobs that share a GPU (ait.compute.local)
 
 
-def microbatch_tokens(vocab: int, device: torch.device | None = None) -> int:
+def logit_budget() -> int:
+    """LOGIT_BUDGET, or the executor's smaller one for a packed job (AIT_LOGIT_BUDGET; bounded)."""
+    try:
+        return min(2**31, max(2**20, int(os.environ.get(LOGIT_BUDGET_ENV, LOGIT_BUDGET))))
+    except ValueError:
+        return LOGIT_BUDGET
+
+
+def microbatch_tokens(vocab: int, device: torch.device | None = None, budget: int | None = None) -> int:
     """Padded tokens per scoring micro-batch: fewer for big vocabularies (logits dominate memory),
     and at most 2048 on CPU, where attention materialises every (query, key) score for backward
     (a 64-rollout job of a 135M model otherwise passes the sandbox's 12 GiB)."""
-    tokens = max(1024, min(16_384, LOGIT_BUDGET // max(vocab, 1)))
+    tokens = max(1024, min(16_384, (budget or logit_budget()) // max(vocab, 1)))
     return min(tokens, 2048) if device is not None and device.type == "cpu" else tokens
 
 
