@@ -485,3 +485,52 @@ def test_reference_env_tools_agree_with_family_tools():
         ] + [ToolCall(name="get_rule", arguments={"index": i}) for i in range(1, len(ex.world["rules"]) + 1)]
         for c in calls:
             assert getattr(env, c.name)(**c.arguments) == FAMILY.call_tool(ex.world, c), c
+
+
+def _reference_rows_at(tmp_path, knobs: dict | None, n: int = 200, seed: int = 0) -> list[dict]:
+    """build_dataset of a copy of the reference job with task.json (at `knobs`) beside env.py,
+    as in an episode's workspace; knobs=None: no task.json (an older workspace)."""
+    from ait.job.env_loader import import_env
+
+    ws = tmp_path / "ws"
+    if not ws.exists():
+        shutil.copytree(REF_DIR, ws, ignore=shutil.ignore_patterns("__pycache__"))
+    (ws / "task.json").unlink(missing_ok=True)
+    if knobs is not None:
+        task = json.loads((REPO / "examples" / "tasks" / "dispatch.json").read_text())
+        task["difficulty"] = FAMILY.difficulty(knobs).model_dump()
+        (ws / "task.json").write_text(json.dumps(task))
+    return import_env(ws / "env.py").build_dataset(n, seed)
+
+
+def test_the_reference_env_trains_at_the_tasks_difficulty(tmp_path):
+    """The reference env reads task.json beside it: the easiest rung trains on two one-condition
+    rules (it once drew 3-7 rules of 1-3 conditions over 3-6 attributes whatever the task asked)."""
+    easiest = {"n_rules": 2, "conditions_per_rule": 1, "n_attributes": 2, "near_misses": 0}
+    rows = _reference_rows_at(tmp_path, easiest)
+    assert len(rows) == 200 and len({r["prompt"] for r in rows}) == 200
+    positions = Counter()
+    for r in rows:
+        world = r["info"]["world"]
+        assert len(world["rules"]) == 2 and all(len(rule["conditions"]) == 1 for rule in world["rules"])
+        assert len(world["attributes"]) == 2 and all(set(q) == set(world["attributes"])
+                                                     for q in world["requests"].values())
+        assert r["answer"] == expected_answer(world)
+        positions[route(world, world["targets"][0])[0]] += 1
+    assert set(positions) == {1, 2, None}
+    # near misses: the match comes after near_misses rules that fail on exactly one condition
+    knobs = {"n_rules": 5, "conditions_per_rule": 3, "n_attributes": 5, "near_misses": 2}
+    for r in _reference_rows_at(tmp_path, knobs, 100):
+        world = r["info"]["world"]
+        rid = world["targets"][0]
+        assert len(world["rules"]) == 5 and {len(rule["conditions"]) for rule in world["rules"]} <= {2, 3}
+        pos, queue = route(world, rid)
+        assert pos is None or pos >= 3, r["prompt"]
+        near = [rule for rule in world["rules"][: (pos or 6) - 1]
+                if sum(not cond_ok(world["requests"][rid][c["attr"]], c["op"], c["value"])
+                       for c in rule["conditions"]) == 1]
+        assert len(near) >= 2 and r["answer"] == queue
+    # without task.json (an older workspace): 3-7 rules over 3-6 attributes, as before
+    old = _reference_rows_at(tmp_path, None)
+    assert {len(r["info"]["world"]["rules"]) for r in old} == set(range(3, 8))
+    assert {len(r["info"]["world"]["attributes"]) for r in old} == set(range(3, 7))

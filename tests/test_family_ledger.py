@@ -461,3 +461,55 @@ def test_reference_rewards_give_graded_signal():
     assert env_mod.reward_close("no numbers", gold, {}) == 0.0
     assert env_mod.reward_format("Answer: 3", gold, {}) == 1.0 and env_mod.reward_format("3", gold, {}) == 0.0
     assert len(env_mod.REWARD_FUNCS) == len(env_mod.REWARD_WEIGHTS)
+
+
+def _reference_rows_at(tmp_path, knobs: dict | None, n: int = 200, seed: int = 0) -> list[dict]:
+    """build_dataset of a copy of the reference job with task.json (at `knobs`) beside env.py,
+    as in an episode's workspace; knobs=None: no task.json (an older workspace)."""
+    from ait.job.env_loader import import_env
+
+    ws = tmp_path / "ws"
+    if not ws.exists():
+        shutil.copytree(REF_JOB, ws, ignore=shutil.ignore_patterns("__pycache__"))
+    (ws / "task.json").unlink(missing_ok=True)
+    if knobs is not None:
+        task = json.loads((REPO / "examples" / "tasks" / "ledger.json").read_text())
+        task["difficulty"] = FAMILY.difficulty(knobs).model_dump()
+        (ws / "task.json").write_text(json.dumps(task))
+    return import_env(ws / "env.py").build_dataset(n, seed)
+
+
+def test_the_reference_env_trains_at_the_tasks_difficulty(tmp_path):
+    """The reference env reads task.json beside it: the easiest rung trains on two accounts, 2-4
+    transactions, no fees, no overdrafts and balance questions only (it once drew 2-4 accounts and
+    6-12 transactions with fees and overdrafts whatever the task asked)."""
+    easiest = {"n_accounts": 2, "min_transactions": 2, "max_transactions": 4, "fee_frequency": 0.0,
+               "overdraft_probability": 0.0, "questions": "balance"}
+    rows = _reference_rows_at(tmp_path, easiest)
+    assert len(rows) == 200 and len({r["prompt"] for r in rows}) == 200
+    for r in rows:
+        world = r["info"]["world"]
+        assert len(world["accounts"]) == 2 and 2 <= len(world["transactions"]) <= 4, r["prompt"]
+        assert all(tx["kind"] != "fee" for tx in world["transactions"])
+        assert simulate(world)["rejected"] == 0 and "final balance of account" in r["prompt"]
+        assert r["answer"] == str(expected_answer(r["prompt"], world))
+    # the per-transaction question types, with many fees and overdrafts, are asked when the task asks them
+    hard = {"n_accounts": 5, "min_transactions": 14, "max_transactions": 16, "fee_frequency": 0.4,
+            "overdraft_probability": 0.6, "questions": "rejected,fees"}
+    rows = _reference_rows_at(tmp_path, hard)
+    kinds = [tx["kind"] for r in rows for tx in r["info"]["world"]["transactions"]]
+    assert 0.3 < kinds.count("fee") / len(kinds) < 0.5
+    assert sum(simulate(r["info"]["world"])["rejected"] for r in rows) / len(kinds) > 0.15
+    asked = set()
+    for r in rows:
+        world = r["info"]["world"]
+        assert len(world["accounts"]) == 5 and 14 <= len(world["transactions"]) <= 16
+        asked.add(world["question"]["type"])
+        assert r["answer"] == str(expected_answer(r["prompt"], world)), r["prompt"]
+        assert solve(r["prompt"], bound_call(world)) == r["answer"]
+    assert asked == {"rejected", "fees"}
+    # without task.json (an older workspace): 2-4 accounts, 6-12 transactions, balance and net change
+    old = _reference_rows_at(tmp_path, None)
+    assert {len(r["info"]["world"]["accounts"]) for r in old} == {2, 3, 4}
+    assert {len(r["info"]["world"]["transactions"]) for r in old} == set(range(6, 13))
+    assert {r["info"]["world"]["question"]["type"] for r in old} == {"balance", "net_change"}

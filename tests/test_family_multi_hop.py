@@ -403,7 +403,7 @@ def test_reference_env_is_self_contained():
     text = (REF_DIR / "env.py").read_text()
     assert not re.search(r"^\s*(import|from)\s+ait\b", text, re.MULTILINE)
     imports = set(re.findall(r"^\s*(?:import|from)\s+(\w+)", text, re.MULTILINE))
-    assert imports <= {"difflib", "random", "re"}, imports
+    assert imports <= {"difflib", "json", "pathlib", "random", "re"}, imports
 
 
 def test_reference_job_passes_probe(monkeypatch, tmp_path):
@@ -478,3 +478,52 @@ def test_reference_rewards():
             v = f(text, ans, info)
             assert 0.0 <= v <= 1.0
             assert f(text, ans, {}) in (0.0, 1.0) or f is env.reward_progress
+
+
+def _reference_rows_at(tmp_path, knobs: dict | None, n: int = 200, seed: int = 0) -> list[dict]:
+    """build_dataset of a copy of the reference job with task.json (at `knobs`) beside env.py,
+    as in an episode's workspace; knobs=None: no task.json (an older workspace)."""
+    from ait.job.env_loader import import_env
+
+    ws = tmp_path / "ws"
+    if not ws.exists():
+        shutil.copytree(REF_DIR, ws, ignore=shutil.ignore_patterns("__pycache__"))
+    (ws / "task.json").unlink(missing_ok=True)
+    if knobs is not None:
+        task = json.loads((REPO / "examples" / "tasks" / "multi_hop.json").read_text())
+        task["difficulty"] = FAMILY.difficulty(knobs).model_dump()
+        (ws / "task.json").write_text(json.dumps(task))
+    return import_env(ws / "env.py").build_dataset(n, seed)
+
+
+def test_the_reference_env_trains_at_the_tasks_difficulty(tmp_path):
+    """The reference env reads task.json beside it: an easy rung trains on one-hop questions over a
+    small directory (it once drew 1-3 hops over 16-30 people whatever the task asked)."""
+    easy = {"hops": 1, "n_people": 8, "n_relations": 2, "n_attributes": 2, "n_similar": 0}
+    rows = _reference_rows_at(tmp_path, easy)
+    assert len(rows) == 200 and len({r["prompt"] for r in rows}) == 200
+    for r in rows:
+        world = r["info"]["world"]
+        start, rels, attr, _ = parse_prompt(r["prompt"])
+        assert len(rels) == 1 and len(world["people"]) == 8, r["prompt"]
+        assert len(world["fields"]) == 4 and all(len(p) == 4 for p in world["people"].values())
+        assert r["answer"] == my_norm(world["people"][walk(world, start, rels)[-1]][attr])
+    # a harder rung: three hops, every field, half the directory near-duplicate names
+    hard = {"hops": 3, "n_people": 12, "n_relations": 5, "n_attributes": 8, "n_similar": 6}
+    for r in _reference_rows_at(tmp_path, hard, 100):
+        world = r["info"]["world"]
+        start, rels, attr, _ = parse_prompt(r["prompt"])
+        path = walk(world, start, rels)
+        assert len(rels) == 3 and len(set(path)) == 4 and len(world["people"]) == 12 and len(world["fields"]) == 13
+        assert r["answer"] == my_norm(world["people"][path[-1]][attr])
+        twins = Counter((name.split()[0], name.split()[1][:3]) for name in world["people"])
+        assert sum(c for c in twins.values() if c > 1) >= 6, sorted(world["people"])
+    # a directory too small for a simple three-hop path is skipped, not looped on forever
+    tiny = _reference_rows_at(tmp_path, {"hops": 3, "n_people": 6, "n_relations": 1, "n_attributes": 1,
+                                         "n_similar": 0}, 20)
+    assert all(len(parse_prompt(r["prompt"])[1]) == 3 for r in tiny)
+    # without task.json (an older workspace): the 1-3-hop mix over 16-30 people as before
+    old = _reference_rows_at(tmp_path, None)
+    assert {len(parse_prompt(r["prompt"])[1]) for r in old} == {1, 2, 3}
+    sizes = {len(r["info"]["world"]["people"]) for r in old}
+    assert len(sizes) > 3 and min(sizes) >= 16 and max(sizes) <= 30

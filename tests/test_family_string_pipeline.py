@@ -536,3 +536,58 @@ def test_reference_dataset_rows_are_solvable_and_scored_by_the_rewards():
         assert 0.0 < env_mod.reward_close(near, row["answer"], row["info"]) < 1.0
         assert env_mod.reward_correct(near, row["answer"], row["info"]) == 0.0
         assert env_mod.reward_format("no answer here", row["answer"], row["info"]) == 0.0
+
+
+def _reference_rows_at(tmp_path, knobs: dict | None, n: int = 200, seed: int = 0) -> list[dict]:
+    """build_dataset of a copy of the reference job with task.json (at `knobs`) beside env.py,
+    as in an episode's workspace; knobs=None: no task.json (an older workspace)."""
+    from ait.job.env_loader import import_env
+
+    ws = tmp_path / "ws"
+    if not ws.exists():
+        shutil.copytree(REF_DIR, ws, ignore=shutil.ignore_patterns("__pycache__"))
+    (ws / "task.json").unlink(missing_ok=True)
+    if knobs is not None:
+        task = json.loads((REPO / "examples" / "tasks" / "string_pipeline.json").read_text())
+        task["difficulty"] = FAMILY.difficulty(knobs).model_dump()
+        (ws / "task.json").write_text(json.dumps(task))
+    return import_env(ws / "env.py").build_dataset(n, seed)
+
+
+def test_the_reference_env_trains_at_the_tasks_difficulty(tmp_path):
+    """The reference env reads task.json beside it: an easy rung trains on one transform of a short
+    string from the task's ops (it once drew 2-4 transforms of 10-16 characters whatever the task)."""
+    easy = {"n_transforms": 1, "min_length": 6, "max_length": 10, "ops": ["reverse", "upper", "caesar", "rotate_left"],
+            "max_shift": 2, "n_records": 2}
+    rows = _reference_rows_at(tmp_path, easy)
+    assert len(rows) == 200 and len({r["prompt"] for r in rows}) == 200
+    used = set()
+    for r in rows:
+        world = r["info"]["world"]
+        rid, steps = parse_prompt(r["prompt"])
+        assert len(steps) == 1 and len(world["records"]) == 2, r["prompt"]
+        assert all(6 <= len(text) <= 10 for text in world["records"].values())
+        (op, arg), = steps
+        assert op in easy["ops"] and (op not in ("caesar", "rotate_left") or 1 <= int(arg) <= 2), r["prompt"]
+        assert my_op(world["records"][rid], op, arg) == r["answer"]
+        used.add(op)
+    assert used == set(easy["ops"])
+    # a longer chain: the count of steps follows n_transforms exactly
+    for r in _reference_rows_at(tmp_path, {"n_transforms": 5, "min_length": 12, "max_length": 12, "n_records": 6}, 50):
+        rid, steps = parse_prompt(r["prompt"])
+        assert len(steps) == 5 and len(r["info"]["world"]["records"]) == 6
+        text = r["info"]["world"]["records"][rid]
+        assert len(text) == 12
+        for op, arg in steps:
+            text = my_op(text, op, arg)
+        assert text == r["answer"]
+    # a rung with fewer distinct problems than asked for ends instead of looping forever
+    small = _reference_rows_at(tmp_path, {"n_transforms": 1, "min_length": 4, "max_length": 4, "ops": ["reverse"],
+                                          "n_records": 1}, 300)
+    assert 1 <= len(small) <= 99 * 2  # record ids R1-R99 x two phrasings
+    # without task.json (an older workspace): 2-4 transforms over all ops on 10-16 characters as before
+    old = _reference_rows_at(tmp_path, None)
+    assert {len(parse_prompt(r["prompt"])[1]) for r in old} == {2, 3, 4}
+    assert {op for r in old for op, _ in parse_prompt(r["prompt"])[1]} == set(OPS)
+    assert all(10 <= len(t) <= 16 and len(r["info"]["world"]["records"]) == 4
+               for r in old for t in r["info"]["world"]["records"].values())

@@ -458,3 +458,62 @@ def test_reference_env_tools_agree_with_family_tools():
     e = env.Environment()
     e.reset({})
     assert e.list_alerts() == "no alerts" and e.get_dependencies("x").startswith("error:")
+
+
+def _reference_rows_at(tmp_path, knobs: dict | None, n: int = 200, seed: int = 0) -> list[dict]:
+    """build_dataset of a copy of the reference job with task.json (at `knobs`) beside env.py,
+    as in an episode's workspace; knobs=None: no task.json (an older workspace)."""
+    from ait.job.env_loader import import_env
+
+    ws = tmp_path / "ws"
+    if not ws.exists():
+        shutil.copytree(REF_JOB, ws, ignore=shutil.ignore_patterns("__pycache__"))
+    (ws / "task.json").unlink(missing_ok=True)
+    if knobs is not None:
+        task = json.loads((REPO / "examples" / "tasks" / "triage.json").read_text())
+        task["difficulty"] = FAMILY.difficulty(knobs).model_dump()
+        (ws / "task.json").write_text(json.dumps(task))
+    return import_env(ws / "env.py").build_dataset(n, seed)
+
+
+def _chain_length(world: dict, src: str, dst: str) -> int:
+    """Dependency hops from src to dst (breadth first over the world's graph)."""
+    frontier, seen, hops = {src}, {src}, 0
+    while dst not in frontier:
+        frontier = {d for s in frontier for d in world["deps"][s]} - seen
+        seen |= frontier
+        hops += 1
+        assert frontier, (src, dst)
+    return hops
+
+
+def test_the_reference_env_trains_at_the_tasks_difficulty(tmp_path):
+    """The reference env reads task.json beside it: the easiest rung trains on a one-hop chain among
+    four services, one distractor deploy and quiet logs (it once drew 4-7 services, depth 1-3 and a
+    random mix of deploys and noise whatever the task asked)."""
+    easiest = {"n_services": 4, "depth": 1, "n_distractor_deploys": 1, "n_background_deploys": 0, "log_noise": 0}
+    rows = _reference_rows_at(tmp_path, easiest)
+    assert len(rows) == 200 and len({r["prompt"] for r in rows}) == 200
+    for r in rows:
+        world = r["info"]["world"]
+        alerting = PROMPT_RE.fullmatch(r["prompt"]).group(2)
+        assert len(world["services"]) == 4 and len(world["deploys"]) == 2, r["prompt"]
+        assert _chain_length(world, alerting, r["answer"].split("@")[0]) == 1
+        assert all(e["level"] == "ERROR" for lines in world["logs"].values() for e in lines)
+        assert independent_root(world) == [r["answer"]]
+    # a harder rung: every knob shows in the world
+    hard = {"n_services": 8, "depth": 4, "n_distractor_deploys": 5, "n_background_deploys": 3, "log_noise": 3}
+    for r in _reference_rows_at(tmp_path, hard, 100):
+        world = r["info"]["world"]
+        alert = min(minutes(a["time"]) for a in world["alerts"])
+        alerting = PROMPT_RE.fullmatch(r["prompt"]).group(2)
+        assert len(world["services"]) == 8 and len(world["deploys"]) == 1 + 5 + 3, r["prompt"]
+        assert sum(alert - minutes(d["time"]) > 100 for d in world["deploys"]) == 3  # the background ones
+        assert _chain_length(world, alerting, r["answer"].split("@")[0]) == 4
+        assert all(sum(e["level"] != "ERROR" for e in lines) == 3 for lines in world["logs"].values())
+        assert independent_root(world) == [r["answer"]]
+    # without task.json (an older workspace): 4-7 services and depth 1-3, as before
+    old = _reference_rows_at(tmp_path, None)
+    assert {len(r["info"]["world"]["services"]) for r in old} == {4, 5, 6, 7}
+    assert {_chain_length(r["info"]["world"], PROMPT_RE.fullmatch(r["prompt"]).group(2), r["answer"].split("@")[0])
+            for r in old} == {1, 2, 3}

@@ -1,14 +1,18 @@
 """Reference dispatch environment: route a request through an ordered rule table.
 
 The world (rules, default queue, requests) rides in each row's info as info["world"];
-the tools read it exactly as the eval's tools do. Rewards: full credit for the right
-queue in the eval's format, partial credit for naming a queue that exists in the table
-(so a weak model learns to read the tools), and a little for the answer format.
+the tools read it exactly as the eval's tools do. Tables follow the task's difficulty
+(task.json beside this file: rules, conditions per rule, request attributes, near
+misses); without task.json, 3-7 rules of 1-3 conditions over 3-6 attributes. Rewards:
+full credit for the right queue in the eval's format, partial credit for naming a queue
+that exists in the table (so a weak model learns to read the tools), and a little for
+the answer format.
 """
 
 import json
 import random
 import re
+from pathlib import Path
 
 SYSTEM_PROMPT = (
     "You are a routing assistant. Requests are routed by an ordered rule table: rules "
@@ -165,20 +169,65 @@ def _route(world, rid):
     return world["default_queue"]
 
 
-def _problem(rng):
+def task_difficulty() -> dict:
+    """The task's difficulty knobs from task.json next to this file ({} when it is not there).
+    Training at another difficulty teaches the wrong problems: at an easy rung the model would
+    only ever see rule tables it cannot walk, and learn the shaped rewards instead of the answer."""
+    try:
+        difficulty = json.loads(Path(__file__).with_name("task.json").read_text()).get("difficulty", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return difficulty if isinstance(difficulty, dict) else {}
+
+
+def _knob(difficulty, name, lo, hi):
+    """An integer knob clamped to [lo, hi], or None when the task does not set it (or garbles it)."""
+    try:
+        return min(max(int(difficulty[name]), lo), hi)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _condition_with(rng, attr, value, want):
+    """A condition on attr that holds (want=True) or fails for value (every attribute admits both)."""
+    while True:
+        cond = _condition(rng, attr)
+        if _holds(cond, value) == want:
+            return cond
+
+
+def _problem(rng, difficulty=None):
+    """One routing question at the task's knobs, in the family's meaning: n_rules rules, each
+    of conditions_per_rule or one fewer conditions, over n_attributes request attributes; the
+    matching rule comes after near_misses rules that fail for the target on exactly one
+    condition. A knob the task leaves out keeps this env's own range. Ignored: n_targets (the
+    busiest queue over several requests) has no equivalent here, every row routes one request."""
+    difficulty = difficulty or {}
     names = list(ATTRS)
-    attrs = sorted(rng.sample(names, rng.randint(3, 6)), key=names.index)
-    n_rules = rng.randint(3, 7)
+    n_attrs = _knob(difficulty, "n_attributes", 1, len(names))
+    attrs = sorted(rng.sample(names, rng.randint(3, 6) if n_attrs is None else n_attrs), key=names.index)
+    n_rules = _knob(difficulty, "n_rules", 1, len(QUEUES))
+    n_rules = rng.randint(3, 7) if n_rules is None else n_rules
+    per_rule = _knob(difficulty, "conditions_per_rule", 1, len(attrs))
+    near_misses = _knob(difficulty, "near_misses", 0, n_rules - 1) or 0
     target = {a: _value(rng, a) for a in attrs}
-    pos = rng.randint(1, n_rules + 1)  # n_rules + 1: no rule matches, default queue
+    pos = rng.randint(near_misses + 1, n_rules + 1)  # n_rules + 1: no rule matches, default queue
+    near = set(rng.sample(range(1, pos), near_misses)) if near_misses else set()
     rules = []
     for i, queue in enumerate(rng.sample(QUEUES, n_rules), start=1):
-        chosen = rng.sample(attrs, rng.randint(1, min(3, len(attrs))))
-        while True:
-            conds = [_condition(rng, a) for a in chosen]
-            ok = all(_holds(c, target[c["attr"]]) for c in conds)
-            if i > pos or (i == pos) == ok:
-                break
+        if per_rule is None:
+            chosen = rng.sample(attrs, rng.randint(1, min(3, len(attrs))))
+        else:
+            chosen = rng.sample(attrs, rng.randint(max(1, per_rule - 1), per_rule))
+        if i in near:  # fails for the target on exactly one condition
+            bad = rng.randrange(len(chosen))
+            conds = [_condition_with(rng, a, target[a], k != bad) for k, a in enumerate(chosen)]
+        else:
+            while True:
+                conds = [_condition(rng, a) for a in chosen]
+                ok = all(_holds(c, target[c["attr"]]) for c in conds)
+                if i > pos or (i == pos) == ok:
+                    break
         rules.append({"conditions": conds, "queue": queue})
     ids = [f"REQ-{x}" for x in rng.sample(range(1000, 10000), rng.randint(3, 6))]
     requests = {rid: {a: _value(rng, a) for a in attrs} for rid in ids[1:]}
@@ -193,9 +242,12 @@ def _problem(rng):
 
 def build_dataset(n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
+    difficulty = task_difficulty()
     rows, seen = [], set()
-    while len(rows) < n:
-        row = _problem(rng)
+    for _ in range(50 * n):  # a tiny difficulty has fewer distinct problems than asked for: stop
+        if len(rows) == n:
+            break
+        row = _problem(rng, difficulty)
         if row["prompt"] not in seen:
             seen.add(row["prompt"])
             rows.append(row)

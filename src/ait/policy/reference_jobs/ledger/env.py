@@ -2,13 +2,18 @@
 
 Each row's info carries the world {"world": {"ledger", "accounts", "transactions",
 "question"}}; the tools read it and are pure functions of (world, arguments), exactly
-like the eval's. Rewards give full credit for the exact integer in the eval's format,
-partial credit for a number near the answer (so a weak model gets a gradient), and a
-little for writing the 'Answer:' line at all.
+like the eval's. Ledgers and questions follow the task's difficulty (task.json beside
+this file: accounts, transactions, fee and overdraft rates, question types); without
+task.json, 2-4 accounts, 6-12 transactions and balance / net-change questions. Rewards
+give full credit for the exact integer in the eval's format, partial credit for a number
+near the answer (so a weak model gets a gradient), and a little for writing the
+'Answer:' line at all.
 """
 
+import json
 import random
 import re
+from pathlib import Path
 
 RULES = ("a withdrawal or transfer that would make a balance negative is rejected and skipped; "
          "a fee takes the given percent of the account's current balance, rounded down")
@@ -139,18 +144,66 @@ class Environment:
 # ---------------------------------------------------------------- dataset
 
 
-def _ledger(rng):
-    names = rng.sample(ACCOUNT_NAMES, rng.choice([2, 3, 3, 4]))
+QUESTION_TYPES = ("balance", "net_change", "rejected", "fees")
+
+
+def task_difficulty() -> dict:
+    """The task's difficulty knobs from task.json next to this file ({} when it is not there).
+    Training at another difficulty teaches the wrong problems: at an easy rung the model would
+    only ever see ledgers it cannot process, and learn the shaped rewards instead of the answer."""
+    try:
+        difficulty = json.loads(Path(__file__).with_name("task.json").read_text()).get("difficulty", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return difficulty if isinstance(difficulty, dict) else {}
+
+
+def _knob(difficulty, name, lo, hi, cast=int):
+    """A knob clamped to [lo, hi], or None when the task does not set it (or garbles it)."""
+    try:
+        return min(max(cast(difficulty[name]), lo), hi)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _settings(difficulty):
+    """The task's knobs in the family's meaning (n_accounts; a transaction count drawn from
+    min_transactions..max_transactions; fee_frequency and overdraft_probability per transaction;
+    questions: the types asked, all four of the family's), or this env's own ranges where a knob
+    is missing."""
+    lo = _knob(difficulty, "min_transactions", 1, 20)
+    hi = _knob(difficulty, "max_transactions", 1, 20)
+    if lo is None:
+        lo = 6 if hi is None else min(6, hi)
+    if hi is None:
+        hi = max(12, lo)
+    fee = _knob(difficulty, "fee_frequency", 0.0, 1.0, float)
+    overdraft = _knob(difficulty, "overdraft_probability", 0.0, 1.0, float)
+    fee = 0.15 if fee is None else fee
+    raw = difficulty.get("questions")
+    asked = raw.split(",") if isinstance(raw, str) else raw if isinstance(raw, (list, tuple)) else []
+    asked = [q.strip() for q in asked if isinstance(q, str)]
+    # 'fees' needs fee transactions to ask about
+    questions = [q for q in dict.fromkeys(asked) if q in QUESTION_TYPES and (q != "fees" or fee > 0)]
+    return {"n_accounts": _knob(difficulty, "n_accounts", 2, len(ACCOUNT_NAMES)),
+            "transactions": (min(lo, hi), max(lo, hi)), "fee": fee,
+            "overdraft": 0.2 if overdraft is None else overdraft,
+            "questions": questions or ["balance", "net_change"]}
+
+
+def _ledger(rng, s):
+    n_accounts = rng.choice([2, 3, 3, 4]) if s["n_accounts"] is None else s["n_accounts"]
+    names = rng.sample(ACCOUNT_NAMES, n_accounts)
     opening = {name: rng.randint(50, 1500) for name in names}
     balances = dict(opening)
     txs = []
-    for _ in range(rng.randint(6, 12)):
+    for _ in range(rng.randint(*s["transactions"])):
         acct = rng.choice(names)
-        if rng.random() < 0.15:
+        if rng.random() < s["fee"]:
             tx = {"kind": "fee", "account": acct, "percent": rng.randint(1, 10)}
         else:
             kind = rng.choice(["deposit", "withdrawal", "transfer"])
-            if kind != "deposit" and rng.random() < 0.2:
+            if kind != "deposit" and rng.random() < s["overdraft"]:
                 amount = balances[acct] + rng.randint(1, 400)
             elif kind != "deposit" and balances[acct] >= 10:
                 amount = rng.randint(5, min(balances[acct], 800))
@@ -164,17 +217,27 @@ def _ledger(rng):
     return {"accounts": opening, "transactions": txs}
 
 
-def _problem(rng):
-    qtype = rng.choice(["balance", "net_change"])
+def _problem(rng, difficulty):
+    """One question at the task's knobs; None if no ledger with a non-trivial answer came up."""
+    s = _settings(difficulty)
+    qtype = rng.choice(s["questions"])
     ledger_id = f"L{rng.randint(1000, 99999)}"
-    while True:
-        world = _ledger(rng)
-        final, _ = _run(world, len(world["transactions"]))
+    for _ in range(200):  # redraw until the question has a non-trivial answer
+        world = _ledger(rng, s)
+        final, outcomes = _run(world, len(world["transactions"]))
         moved = [a for a in world["accounts"] if final[a] != world["accounts"][a]]
-        if moved:
+        if qtype in ("balance", "net_change") and moved:
+            account = rng.choice(moved)
+            value = final[account] - (world["accounts"][account] if qtype == "net_change" else 0)
             break
-    account = rng.choice(moved)
-    value = final[account] - (world["accounts"][account] if qtype == "net_change" else 0)
+        if qtype == "rejected":
+            account, value = None, sum(1 for ok, _ in outcomes if not ok)
+            break
+        if qtype == "fees" and sum(c for _, c in outcomes) > 0:
+            account, value = None, sum(c for _, c in outcomes)
+            break
+    else:
+        return None
     world["ledger"] = ledger_id
     world["question"] = {"type": qtype, "account": account}
     names = sorted(world["accounts"])
@@ -182,18 +245,25 @@ def _problem(rng):
     head = f"Ledger {ledger_id} has accounts {accts}. After processing all of its transactions in order ({RULES}),"
     if qtype == "balance":
         ask = f"what is the final balance of account '{account}'?"
-    else:
+    elif qtype == "net_change":
         ask = (f"by how much did the balance of account '{account}' change from its opening balance? "
                "Give a signed integer (negative if it went down).")
+    elif qtype == "rejected":
+        ask = "how many transactions were rejected?"
+    else:
+        ask = "how much was charged in fees in total, across all accounts?"
     return {"prompt": f"{head} {ask}", "answer": str(value), "info": {"world": world}}
 
 
 def build_dataset(n: int, seed: int) -> list:
     rng = random.Random(seed)
+    difficulty = task_difficulty()
     rows, seen = [], set()
-    while len(rows) < n:
-        row = _problem(rng)
-        if row["prompt"] not in seen:
+    for _ in range(50 * n):  # a tiny difficulty has fewer distinct problems than asked for: stop
+        if len(rows) == n:
+            break
+        row = _problem(rng, difficulty)
+        if row is not None and row["prompt"] not in seen:
             seen.add(row["prompt"])
             rows.append(row)
     return rows

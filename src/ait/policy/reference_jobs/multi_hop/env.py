@@ -2,15 +2,19 @@
 
 Each row's info carries {"world": {"people": {name: {field: value}}, "fields": [...],
 "query": {"start", "relations", "attribute"}}}. Training prompts mimic the task's three
-phrasings with 1-3 hops (a small curriculum around the default of 2). Rewards: full
+phrasings at the task's own difficulty (task.json beside this file: hops, people,
+relation and attribute fields, near-duplicate names); without task.json, 1-3 hops over
+16-30 people (a small curriculum around the default of 2). Rewards: full
 credit for the exact final value, partial credit for the value reached after some but
 not all hops (so a weak model that does one hop right still gets a gradient), and a
 little for ending with an 'Answer:' line.
 """
 
 import difflib
+import json
 import random
 import re
+from pathlib import Path
 
 SYSTEM_PROMPT = (
     "You answer questions about people in a directory, using the lookup tool. "
@@ -126,10 +130,29 @@ class Environment:
 # ---------------------------------------------------------------- dataset
 
 
+def task_difficulty() -> dict:
+    """The task's difficulty knobs from task.json next to this file ({} when it is not there).
+    Training at another difficulty teaches the wrong problems: at an easy rung the model would
+    only ever see questions it cannot answer, and learn the shaped rewards instead."""
+    try:
+        difficulty = json.loads(Path(__file__).with_name("task.json").read_text()).get("difficulty", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return difficulty if isinstance(difficulty, dict) else {}
+
+
+def _knob(difficulty, name, lo, hi):
+    """An integer knob clamped to [lo, hi], or None when the task does not set it (or garbles it)."""
+    try:
+        return min(max(int(difficulty[name]), lo), hi)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def _names(rng, n, n_similar):
     names, seen = [], set()
     while len(names) < n:
-        if len(names) >= n - n_similar:  # a near-duplicate of an existing name
+        if names and len(names) >= n - n_similar:  # a near-duplicate of an existing name
             first, surname = rng.choice(names).split(" ")
             name = f"{first} {surname[:3]}{rng.choice(SURNAME_TAILS)}"
         else:
@@ -161,35 +184,48 @@ def _prompt(rng, start, relations, attribute):
     return f"What is {chain}?"
 
 
-def _problem(rng):
-    hops = rng.choice([1, 2, 2, 3])
-    relations_pool = rng.sample(RELATIONS, 3)
-    attributes = rng.sample(list(ATTRIBUTES), 4)
-    names = _names(rng, rng.randint(16, 30), 4)
-    people = {}
-    for name in names:
-        row = {r: rng.choice([o for o in names if o != name]) for r in relations_pool}
-        row.update({a: rng.choice(ATTRIBUTES[a]) for a in attributes})
-        people[name] = row
-    while True:
-        start = rng.choice(names)
-        relations = [rng.choice(relations_pool) for _ in range(hops)]
-        attribute = rng.choice(attributes)
-        path = _follow(people, start, relations)
-        if len(set(path)) == len(path):
-            break
-    world = {"people": people, "fields": relations_pool + attributes,
-             "query": {"start": start, "relations": relations, "attribute": attribute}}
-    return {"prompt": _prompt(rng, start, relations, attribute),
-            "answer": _normalize(people[path[-1]][attribute]), "info": {"world": world}}
+def _problem(rng, difficulty):
+    """One question at the task's knobs (the family's meaning: hops = relations followed before
+    the attribute; n_people, n_relations, n_attributes, n_similar = the directory's shape);
+    a knob the task leaves out keeps this env's own range. None if no valid question came up."""
+    hops = _knob(difficulty, "hops", 1, 6)
+    hops = rng.choice([1, 2, 2, 3]) if hops is None else hops
+    n_relations = _knob(difficulty, "n_relations", 1, len(RELATIONS)) or 3
+    n_attributes = _knob(difficulty, "n_attributes", 1, len(ATTRIBUTES)) or 4
+    n_people = _knob(difficulty, "n_people", hops + 3, 80)
+    n_similar = _knob(difficulty, "n_similar", 0, 40)
+    for _ in range(20):  # a small world may have no simple path of `hops` steps: draw another
+        relations_pool = rng.sample(RELATIONS, n_relations)
+        attributes = rng.sample(list(ATTRIBUTES), n_attributes)
+        size = rng.randint(16, 30) if n_people is None else n_people
+        names = _names(rng, size, min(4 if n_similar is None else n_similar, size // 2))
+        people = {}
+        for name in names:
+            row = {r: rng.choice([o for o in names if o != name]) for r in relations_pool}
+            row.update({a: rng.choice(ATTRIBUTES[a]) for a in attributes})
+            people[name] = row
+        for _ in range(200):
+            start = rng.choice(names)
+            relations = [rng.choice(relations_pool) for _ in range(hops)]
+            attribute = rng.choice(attributes)
+            path = _follow(people, start, relations)
+            if len(set(path)) == len(path):
+                world = {"people": people, "fields": relations_pool + attributes,
+                         "query": {"start": start, "relations": relations, "attribute": attribute}}
+                return {"prompt": _prompt(rng, start, relations, attribute),
+                        "answer": _normalize(people[path[-1]][attribute]), "info": {"world": world}}
+    return None
 
 
 def build_dataset(n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
+    difficulty = task_difficulty()
     rows, seen = [], set()
-    while len(rows) < n:
-        row = _problem(rng)
-        if row["prompt"] not in seen:
+    for _ in range(50 * n):  # a tiny difficulty has fewer distinct problems than asked for: stop
+        if len(rows) == n:
+            break
+        row = _problem(rng, difficulty)
+        if row is not None and row["prompt"] not in seen:
             seen.add(row["prompt"])
             rows.append(row)
     return rows

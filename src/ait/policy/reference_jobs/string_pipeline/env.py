@@ -1,16 +1,20 @@
 """Reference string_pipeline environment: fetch a record, then chain string transforms.
 
-Training prompts mimic the task's phrasing (2-4 transforms, so short chains teach the
-pattern before long ones); each row's info carries the world ({"world": {"records": ...}})
+Training prompts mimic the task's phrasing at the task's own difficulty (task.json beside
+this file: transforms, string lengths, ops, shifts, records); without task.json, 2-4
+transforms of 10-16 character strings, so short chains teach the pattern before long
+ones. Each row's info carries the world ({"world": {"records": ...}})
 that the tools read. Rewards give full credit for the exact final string in the eval's
 format, partial credit for a near miss (so a weak model gets a gradient), and a little
 for writing an 'Answer:' line at all.
 """
 
 import difflib
+import json
 import random
 import re
 import string
+from pathlib import Path
 
 SYSTEM_PROMPT = (
     "You are a careful assistant that transforms strings with tools. First call "
@@ -155,31 +159,75 @@ class Environment:
         return _apply(text, op, "" if arg is None else arg)
 
 
-def _problem(rng: random.Random) -> dict:
-    ids = rng.sample(range(1, 100), 4)
-    records = {f"R{i}": "".join(rng.choice(ALPHABET) for _ in range(rng.randint(10, 16))) for i in ids}
+def task_difficulty() -> dict:
+    """The task's difficulty knobs from task.json next to this file ({} when it is not there).
+    Training at another difficulty teaches the wrong problems: at an easy rung the model would
+    only ever see chains it cannot finish, and learn the shaped rewards instead of the answer."""
+    try:
+        difficulty = json.loads(Path(__file__).with_name("task.json").read_text()).get("difficulty", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return difficulty if isinstance(difficulty, dict) else {}
+
+
+def _knob(difficulty, name, lo, hi):
+    """An integer knob clamped to [lo, hi], or None when the task does not set it (or garbles it)."""
+    try:
+        return min(max(int(difficulty[name]), lo), hi)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _ops(difficulty):
+    """The task's allowed ops (a list, or a comma-separated string); all of them by default."""
+    ops = difficulty.get("ops")
+    if isinstance(ops, str):
+        ops = ops.split(",")
+    ops = [o.strip() for o in ops if isinstance(o, str)] if isinstance(ops, (list, tuple)) else []
+    return [o for o in OPS if o in ops] or list(OPS)
+
+
+def _step(rng, value, ops, max_shift):
+    """One (phrase, result) that changes the string and keeps it non-empty, using the allowed ops."""
+    fallback = None
+    for _ in range(40):
+        op = rng.choice(ops)
+        template = rng.choice(PHRASES[op])
+        if op in NUMERIC_OPS:
+            n = rng.randint(1, max_shift)
+            arg, phrase = str(n), template.format(n=n)
+        elif op == "replace":
+            a = rng.choice(sorted(set(value)))
+            b = rng.choice([c for c in ALPHABET if c != a])
+            arg, phrase = f"{a}->{b}", template.format(a=a, b=b)
+        else:
+            arg, phrase = "", template
+        out = _apply(value, op, arg)
+        if out and out != value:
+            return phrase, out
+        if fallback is None and out and ops != OPS:
+            fallback = (phrase, out)  # a restricted op set may have no changing step: stay within it
+    return fallback or ("reverse it", value[::-1])
+
+
+def _problem(rng: random.Random, difficulty: dict) -> dict:
+    """One problem at the task's knobs (the family's meaning: n_transforms steps after the fetch,
+    record strings of min_length..max_length characters, steps drawn from ops, rotations and
+    Caesar shifts of 1..max_shift, n_records records in the world); a knob the task leaves out
+    keeps this env's own range."""
+    n_records = _knob(difficulty, "n_records", 1, 20) or 4
+    lo = _knob(difficulty, "min_length", 1, 40) or 10
+    hi = max(_knob(difficulty, "max_length", 1, 40) or 16, lo)
+    ops = _ops(difficulty)
+    max_shift = _knob(difficulty, "max_shift", 1, 25) or 5
+    n_transforms = _knob(difficulty, "n_transforms", 1, 10)
+    ids = rng.sample(range(1, 100), n_records)
+    records = {f"R{i}": "".join(rng.choice(ALPHABET) for _ in range(rng.randint(lo, hi))) for i in ids}
     target = f"R{rng.choice(ids)}"
     value, phrases = records[target], []
-    for _ in range(rng.randint(2, 4)):
-        for _ in range(40):
-            op = rng.choice(OPS)
-            template = rng.choice(PHRASES[op])
-            if op in NUMERIC_OPS:
-                n = rng.randint(1, 5)
-                arg, phrase = str(n), template.format(n=n)
-            elif op == "replace":
-                a = rng.choice(sorted(set(value)))
-                b = rng.choice([c for c in ALPHABET if c != a])
-                arg, phrase = f"{a}->{b}", template.format(a=a, b=b)
-            else:
-                arg, phrase = "", template
-            out = _apply(value, op, arg)
-            if out and out != value:
-                break
-        else:
-            op, arg, phrase, out = "reverse", "", "reverse it", value[::-1]
+    for _ in range(rng.randint(2, 4) if n_transforms is None else n_transforms):
+        phrase, value = _step(rng, value, ops, max_shift)
         phrases.append(phrase)
-        value = out
     chain = ", then ".join(phrases)
     prompt = f"Take record {target}. {chain[0].upper()}{chain[1:]}. What is the resulting string?"
     return {"prompt": prompt, "answer": value, "info": {"world": {"records": records, "record_id": target}}}
@@ -187,9 +235,12 @@ def _problem(rng: random.Random) -> dict:
 
 def build_dataset(n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
+    difficulty = task_difficulty()
     rows, seen = [], set()
-    while len(rows) < n:
-        row = _problem(rng)
+    for _ in range(50 * n):  # a tiny difficulty has fewer distinct problems than asked for: stop
+        if len(rows) == n:
+            break
+        row = _problem(rng, difficulty)
         if row["prompt"] not in seen:
             seen.add(row["prompt"])
             rows.append(row)

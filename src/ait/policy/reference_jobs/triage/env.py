@@ -2,13 +2,17 @@
 
 Each row's info carries {"world": ...}: services with a dependency graph, the day's
 deploys, the incident's alerts and per-service logs, in the same format the task's
-tools read. Rewards: full credit for the exact service@version, partial credit for
+tools read, at the task's difficulty (task.json beside this file: services, chain depth,
+distractor and background deploys, log noise); without task.json, 4-7 services, depth 1-3
+and a random mix of distractors. Rewards: full credit for the exact service@version, partial credit for
 naming the right service (or at least a deploy that really happened), a little for
 the answer format.
 """
 
+import json
 import random
 import re
+from pathlib import Path
 
 SYSTEM_PROMPT = (
     "You are an on-call engineer triaging an incident. Use the tools: check the alerts, "
@@ -135,9 +139,39 @@ NOISE = [("WARN", "slow query took 900ms"), ("WARN", "GC pause 250ms"), ("INFO",
 PHRASES = ["returning 502s", "throwing 500 errors", "timing out", "failing health checks", "erroring"]
 
 
-def _world(rng):
-    n = rng.randint(4, 7)
-    depth = rng.randint(1, min(3, n - 2))
+def task_difficulty() -> dict:
+    """The task's difficulty knobs from task.json next to this file ({} when it is not there).
+    Training at another difficulty teaches the wrong problems: at an easy rung the model would
+    only ever see incidents it cannot trace, and learn the shaped rewards instead of the answer."""
+    try:
+        difficulty = json.loads(Path(__file__).with_name("task.json").read_text()).get("difficulty", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return difficulty if isinstance(difficulty, dict) else {}
+
+
+def _knob(difficulty, name, lo, hi):
+    """An integer knob clamped to [lo, hi], or None when the task does not set it (or garbles it)."""
+    try:
+        return min(max(int(difficulty[name]), lo), hi)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _world(rng, difficulty=None):
+    """One incident at the task's knobs (the family's meaning: n_services services, a chain of
+    depth hops from the alerting service to the culprit, n_distractor_deploys misleading deploys
+    near the alert (the first on an unrelated service), n_background_deploys deploys hours
+    before it, log_noise WARN/INFO lines per service plus old chronic errors from 2 up); a knob
+    the task leaves out keeps this env's own range."""
+    difficulty = difficulty or {}
+    n = _knob(difficulty, "n_services", 3, len(NAMES))
+    n = rng.randint(4, 7) if n is None else n
+    depth = _knob(difficulty, "depth", 1, n - 2)
+    depth = rng.randint(1, min(3, n - 2)) if depth is None else depth
+    n_distractors = _knob(difficulty, "n_distractor_deploys", 1, 6)
+    n_background = _knob(difficulty, "n_background_deploys", 0, 6)
+    log_noise = _knob(difficulty, "log_noise", 0, 6)
     names = rng.sample(NAMES, n)
     chain, rest = names[:depth + 1], names[depth + 1:]
     side = rest[:rng.randint(0, len(rest) - 1)]  # healthy dependencies; the remainder is unrelated
@@ -162,8 +196,14 @@ def _world(rng):
         return t
 
     plan.append((pick(alert - 50, alert - 1), rng.choice(unrelated)))
-    for _ in range(rng.randint(1, 4)):
-        r = rng.random()
+    if n_distractors is None and n_background is None:
+        kinds = [None] * rng.randint(1, 4)  # distractors and background mixed, drawn below
+    else:  # r < 0.75: a distractor near the alert (healthy dependency, caller, hotfix); else background
+        n_distractors = rng.randint(2, 4) if n_distractors is None else n_distractors
+        kinds = [0.75 * rng.random() for _ in range(n_distractors - 1)]
+        kinds += [1.0] * (rng.randint(0, 1) if n_background is None else n_background)
+    for r in kinds:
+        r = rng.random() if r is None else r
         if r < 0.3 and side:
             plan.append((pick(alert - 50, alert - 1), rng.choice(side)))
         elif r < 0.55:
@@ -191,9 +231,17 @@ def _world(rng):
         while t < alert + 20:
             logs[chain[i]].append((t, "ERROR", line))
             t += rng.randint(2, 7)
+    chronic = set()  # with log_noise: exactly log_noise WARN/INFO lines a service, and from 2 up
+    if log_noise is not None and log_noise >= 2:  # an old chronic error on two healthy services
+        chronic = set(rng.sample([s for s in names if s != root], min(2, len(names) - 1)))
+    quiet, loud = [x for x in NOISE if x[0] != "ERROR"], [x for x in NOISE if x[0] == "ERROR"]
     for s in names:
-        for _ in range(rng.randint(0, 3)):
-            level, text = rng.choice(NOISE)
+        if log_noise is None:
+            pools = [NOISE] * rng.randint(0, 3)
+        else:
+            pools = [quiet] * log_noise + ([loud] if s in chronic else [])
+        for pool in pools:
+            level, text = rng.choice(pool)
             lo = alert - 240 if level == "ERROR" else alert - 150
             hi = alert - 130 if level == "ERROR" else alert + 20
             if level == "ERROR" and s == root:
@@ -216,9 +264,12 @@ def _world(rng):
 
 def build_dataset(n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
+    difficulty = task_difficulty()
     rows, seen = [], set()
-    while len(rows) < n:
-        row = _world(rng)
+    for _ in range(50 * n):  # a tiny difficulty has fewer distinct problems than asked for: stop
+        if len(rows) == n:
+            break
+        row = _world(rng, difficulty)
         if row["prompt"] not in seen:
             seen.add(row["prompt"])
             rows.append(row)
