@@ -1,0 +1,76 @@
+"""GPU paths (pytest -m gpu on a CUDA machine; skipped elsewhere): grouped attention under bf16
+and CUDA graphs, continuous batching on the device, and a fast GRPO job that trains with finite
+losses. CI has no GPU; these run in the GPU sessions (bench/h200.sh)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from ait.train.attention import grouped_attention_name
+from ait.train.decode import Decoder
+from ait.train.tiny import tiny_model_path
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def tiny(attention: str) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(tiny_model_path(), dtype=torch.bfloat16,
+                                                attn_implementation=attention).cuda().eval()
+
+
+def test_grouped_attention_matches_sdpa_in_bf16_and_under_cuda_graphs():
+    sdpa, grouped = tiny("sdpa"), tiny(grouped_attention_name())
+    ids = torch.randint(3, 200, (8, 40), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[::2, :7] = 0  # left padding on half the rows
+    with torch.no_grad():
+        a = sdpa(input_ids=ids, attention_mask=mask).logits.float()
+        b = grouped(input_ids=ids, attention_mask=mask).logits.float()
+    valid = mask.bool()
+    torch.testing.assert_close(a[valid], b[valid], atol=3e-2, rtol=3e-2)
+    prompts = [list(range(5, 5 + n)) for n in (3, 9, 17, 30)]
+    eager = Decoder(grouped, stop_ids=[], pad_id=0, cuda_graphs=False).generate(prompts, 24)
+    graphs = Decoder(grouped, stop_ids=[], pad_id=0, cuda_graphs=True)
+    replayed = graphs.generate(prompts, 24)
+    assert graphs.stats["graphs_captured"] == 1
+    assert [s.ids for s in eager] == [s.ids for s in replayed]
+
+
+def test_continuous_batching_on_the_gpu_samples_as_if_alone():
+    from ait.outer.batching import RunningBatch
+    from ait.outer.sampler import Request, generate_batch
+
+    model = tiny(grouped_attention_name())
+    prompts = [[5, 6, 7], list(range(10, 60)), [9, 10, 11, 12]]
+
+    def gen(seed):
+        return torch.Generator(device="cuda").manual_seed(seed)
+
+    batch = RunningBatch(model, pad_id=0, stop_ids=set())
+    requests = [Request(p, 0.0, 12, gen(i)) for i, p in enumerate(prompts)]
+    batch.admit(requests[:1])
+    done = []
+    for step in range(30):
+        if step == 3:
+            batch.admit(requests[1:])
+        done += batch.step() if len(batch) else []
+    by_id = {id(r.request): r.ids for r in done}
+    for i, (req, p) in enumerate(zip(requests, prompts)):
+        alone = generate_batch(model, [Request(p, 0.0, 12, gen(i))], 0, set())[0][0]
+        assert by_id[id(req)] == alone
+
+
+def test_a_fast_grpo_job_trains_on_the_gpu_with_finite_losses(tmp_path):
+    import math
+
+    from ait.train.fast_grpo import train
+    from tests.test_fast_grpo import reference_job
+
+    job = reference_job(tmp_path)
+    out = train(job, str(tiny_model_path()))
+    assert out.steps == job.config.train.max_steps and out.metrics["train/skipped_nonfinite_steps"] == 0.0
+    assert math.isfinite(out.metrics["train/loss"]) and out.metrics["train/graphs_captured"] >= 1
+    assert out.metrics["train/peak_gpu_memory_gb"] > 0
