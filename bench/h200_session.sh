@@ -12,6 +12,7 @@
 #   uplift       the standard job on Qwen at each calibrated rung, five jobs at once (scores); UPLIFT_FAMILIES
 #                picks the families; `uplift_bg` starts it in the background and goes on
 #   importtime   python -X importtime of torch + transformers (what each job process pays at start)
+#   gputests     pytest -m gpu tests/test_gpu.py (the GPU paths CI cannot run)
 #   arc          the outer loop (configs/outer/h200_mini.toml), started in the background: it
 #                runs beside the stages after it until the machine goes back
 # Stages that need Qwen wait for /root/stage/qwen.gguf.done (the staging calls touch it).
@@ -43,6 +44,7 @@ for stage in ${*:-sidebyside pack calibrate arc uplift}; do
     sidebyside) note "sidebyside start"; OUT=$R bench/h200.sh sidebyside calc_chain > /dev/null; note "sidebyside rc=$?" ;;
     pack) start_mps; note "pack start"; OUT=$R bench/h200.sh pack calc_chain > /dev/null; note "pack rc=$?" ;;
     importtime) OUT=$R bench/h200.sh importtime > /dev/null; note "importtime rc=$?" ;;
+    gputests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py > "$R/gputests.log" 2>&1; note "gputests rc=$?" ;;
     calibrate) wait_qwen; note "calibrate start"; OUT=$R bench/h200.sh calibrate > /dev/null; note "calibrate rc=$?" ;;
     uplift) wait_qwen; note "uplift start"; CAL=$UPLIFT_CAL OUT=$R bench/h200.sh uplift > /dev/null; note "uplift rc=$?" ;;
     uplift_bg) wait_qwen; note "uplift (background) start"
