@@ -116,3 +116,39 @@ def test_a_bad_request_fails_alone_and_the_engine_keeps_serving(model_and_tokeni
     ids, logprobs = engine.sample([5, 6, 7], 0.0, 5, gen(0))
     engine.close()
     assert ids == alone(model, [5, 6, 7], 0, 5, temperature=0.0)[0] and len(logprobs) == len(ids)
+
+
+def test_a_failing_forward_pass_fails_the_running_rows_but_not_the_replies_already_done(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    engine = SamplingEngine(model, tok, max_batch=8)
+    real_forward = model.forward
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):  # the prefill and first decode steps work, then the device "fails"
+        calls["n"] += 1
+        if calls["n"] > 4:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real_forward(*args, **kwargs)
+
+    results: dict[str, object] = {}
+
+    def ask(name, max_new):
+        try:
+            results[name] = engine.sample([5, 6, 7], 1.0, max_new, gen(1))
+        except RuntimeError as e:
+            results[name] = e
+
+    model.forward = flaky
+    try:
+        threads = [threading.Thread(target=ask, args=("short", 2)), threading.Thread(target=ask, args=("long", 50))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads), "a reply was lost: its episode waits forever"
+    finally:
+        model.forward = real_forward
+    assert isinstance(results["long"], RuntimeError) and "illegal memory access" in str(results["long"])
+    ids = engine.sample([5, 6, 7], 0.0, 3, gen(0))[0]  # the engine serves the next request
+    engine.close()
+    assert len(ids) == 3 and engine.active == 0

@@ -40,8 +40,8 @@ def left_pad(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
 
 class RunningBatch:
     """The rows being decoded, their KV cache (a transformers DynamicCache), 2D attention mask,
-    next positions and last logits. `admit` adds requests, `step` samples one token per row and
-    returns the rows that finished (removed from the batch)."""
+    next positions and last logits. `admit` adds requests; `sample_next` samples one token per row
+    and removes and returns the rows that finished; `advance` runs the forward pass for the rest."""
 
     def __init__(self, model: Any, pad_id: int, stop_ids: set[int]):
         self.model, self.pad_id, self.stop_ids = model, pad_id, stop_ids
@@ -88,10 +88,17 @@ class RunningBatch:
         self.logits = torch.cat([self.logits, logits])
         self.rows += rows
 
-    @torch.inference_mode()
     def step(self) -> list[Row]:
-        """Sample the next token of every row, remove and return the rows that finished, and run
-        the forward pass that gives the remaining rows' next logits."""
+        """`sample_next`, then `advance` for the rows that go on; returns the rows that finished."""
+        done = self.sample_next()
+        if self.rows:
+            self.advance()
+        return done
+
+    @torch.inference_mode()
+    def sample_next(self) -> list[Row]:
+        """Sample the next token of every row; remove and return the rows that finished. The engine
+        hands those replies out before `advance`, so a failing forward pass cannot lose them."""
         device = self.logits.device
         temps = [r.request.temperature for r in self.rows]
         scale = torch.tensor([t if t > 0 else 1.0 for t in temps], device=device)
@@ -113,15 +120,19 @@ class RunningBatch:
             done = tok in self.stop_ids or len(row.ids) >= row.request.max_new_tokens
             (finished if done else keep).append(i)
         done_rows = [self.rows[i] for i in finished]
+        self.next_tokens = nxt[keep] if finished else nxt
         if finished:
             self._keep(keep)
-        if keep:
-            self.mask = torch.cat([self.mask, self.mask.new_ones((len(keep), 1))], dim=1)
-            tokens = nxt[keep][:, None] if finished else nxt[:, None]
-            self.logits = self.model(input_ids=tokens, attention_mask=self.mask, position_ids=self.positions,
-                                     past_key_values=self.cache, use_cache=True).logits[:, -1].float()
-            self.positions = self.positions + 1
         return done_rows
+
+    @torch.inference_mode()
+    def advance(self) -> None:
+        """Feed each remaining row its sampled token: the logits of the next step."""
+        self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.rows), 1))], dim=1)
+        self.logits = self.model(input_ids=self.next_tokens[:, None], attention_mask=self.mask,
+                                 position_ids=self.positions, past_key_values=self.cache,
+                                 use_cache=True).logits[:, -1].float()
+        self.positions = self.positions + 1
 
     def _keep(self, keep: list[int]) -> None:
         """Drop every row not in `keep`, and the leading cache columns no remaining row uses."""

@@ -192,20 +192,22 @@ class SamplingEngine:
                 if new:
                     batch.admit(new)
                     self.batches += 1
-                done = batch.step() if len(batch) else []
+                done = batch.sample_next() if len(batch) else []
+                for row in done:  # handed out before the forward pass: an error there cannot lose them
+                    self.tokens += len(row.ids)
+                    row.request.future.set_result((row.ids, row.logprobs))
+                if done:
+                    self._finished(len(done))
+                if len(batch):
+                    batch.advance()
             except BaseException as e:  # noqa: BLE001 - each waiting episode sees the error
                 in_batch = {id(r.request) for r in batch.rows}  # admit adds all of `new` or none
                 failed = [r.request for r in batch.rows] + [r for r in new if id(r) not in in_batch]
+                failed = [r for r in failed if not r.future.done()]  # replies handed out this step stand
                 for r in failed:
                     r.future.set_exception(e)
                 self._finished(len(failed))
                 batch = RunningBatch(self.model, self.pad_id, self.stop_ids)
-                continue
-            for row in done:
-                self.tokens += len(row.ids)
-                row.request.future.set_result((row.ids, row.logprobs))
-            if done:
-                self._finished(len(done))
 
     def _run_static(self) -> None:
         while True:
