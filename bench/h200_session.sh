@@ -13,6 +13,8 @@
 #                picks the families; `uplift_bg` starts it in the background and goes on
 #   importtime   python -X importtime of torch + transformers (what each job process pays at start)
 #   gputests     pytest -m gpu tests/test_gpu.py (the GPU paths CI cannot run)
+#   convert_bg   dequantise Qwen's GGUF in the background as soon as it is staged (about 3 minutes
+#                of one core), so that the stages that need it do not wait for it on an idle GPU
 #   arc          the outer loop (configs/outer/h200_mini.toml), started in the background: it
 #                runs beside the stages after it until the machine goes back
 # Stages that need Qwen wait for /root/stage/qwen.gguf.done (the staging calls touch it).
@@ -26,6 +28,9 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:/tmp/site AIT_HIDDEN_SEED=${AIT_HI
 # The committed calibration (docs/measurements) picks each family's rung for the uplift jobs on a fresh
 # machine; the timing stages keep the families' default difficulty.
 UPLIFT_CAL=${UPLIFT_CAL:-$PWD/docs/measurements/calibration-h200.json}
+mkdir -p "$AIT_HOME"  # the model aliases every stage resolves (bench/h200.sh writes the same)
+printf '[models]\n"smollm2-135m" = "/root/stage/smol.gguf"\n"qwen2.5-coder-0.5b" = "/root/stage/qwen.gguf"\n' \
+  > "$AIT_HOME/models.toml"
 note() { echo "$(date -u +%H:%M:%S) $*" >> "$R/progress.log"; }
 wait_qwen() { while [ ! -f /root/stage/qwen.gguf.done ]; do sleep 5; done; }
 start_mps() {
@@ -44,6 +49,9 @@ for stage in ${*:-sidebyside pack calibrate arc uplift}; do
     sidebyside) note "sidebyside start"; OUT=$R bench/h200.sh sidebyside calc_chain > /dev/null; note "sidebyside rc=$?" ;;
     pack) start_mps; note "pack start"; OUT=$R bench/h200.sh pack calc_chain > /dev/null; note "pack rc=$?" ;;
     importtime) OUT=$R bench/h200.sh importtime > /dev/null; note "importtime rc=$?" ;;
+    convert_bg) ( wait_qwen; note "qwen conversion start"
+                  python3 -c "from ait.train.models import resolve_base_model as r; print(r('qwen2.5-coder-0.5b'))" \
+                    > "$R/convert.log" 2>&1; note "qwen conversion rc=$?" ) & ;;
     gputests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py > "$R/gputests.log" 2>&1; note "gputests rc=$?" ;;
     calibrate) wait_qwen; note "calibrate start"; OUT=$R bench/h200.sh calibrate > /dev/null; note "calibrate rc=$?" ;;
     uplift) wait_qwen; note "uplift start"; CAL=$UPLIFT_CAL OUT=$R bench/h200.sh uplift > /dev/null; note "uplift rc=$?" ;;
