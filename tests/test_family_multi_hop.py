@@ -26,6 +26,7 @@ import ait.families
 from ait.families import ToolCall, build_spec
 from ait.families.multi_hop import MultiHop
 from ait.spec import Constraints
+from tests.reference_rows import reference_rows_at
 
 FAMILY = MultiHop()
 REPO = Path(__file__).resolve().parents[1]
@@ -481,19 +482,7 @@ def test_reference_rewards():
 
 
 def _reference_rows_at(tmp_path, knobs: dict | None, n: int = 200, seed: int = 0) -> list[dict]:
-    """build_dataset of a copy of the reference job with task.json (at `knobs`) beside env.py,
-    as in an episode's workspace; knobs=None: no task.json (an older workspace)."""
-    from ait.job.env_loader import import_env
-
-    ws = tmp_path / "ws"
-    if not ws.exists():
-        shutil.copytree(REF_DIR, ws, ignore=shutil.ignore_patterns("__pycache__"))
-    (ws / "task.json").unlink(missing_ok=True)
-    if knobs is not None:
-        task = json.loads((REPO / "examples" / "tasks" / "multi_hop.json").read_text())
-        task["difficulty"] = FAMILY.difficulty(knobs).model_dump()
-        (ws / "task.json").write_text(json.dumps(task))
-    return import_env(ws / "env.py").build_dataset(n, seed)
+    return reference_rows_at(tmp_path, "multi_hop", knobs, n, seed)
 
 
 def test_the_reference_env_trains_at_the_tasks_difficulty(tmp_path):

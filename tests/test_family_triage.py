@@ -24,6 +24,7 @@ import ait.families
 from ait.families import ToolCall, build_spec
 from ait.families.triage import Triage
 from ait.spec import Constraints
+from tests.reference_rows import reference_rows_at
 
 FAMILY = Triage()
 REPO = Path(__file__).resolve().parents[1]
@@ -461,19 +462,7 @@ def test_reference_env_tools_agree_with_family_tools():
 
 
 def _reference_rows_at(tmp_path, knobs: dict | None, n: int = 200, seed: int = 0) -> list[dict]:
-    """build_dataset of a copy of the reference job with task.json (at `knobs`) beside env.py,
-    as in an episode's workspace; knobs=None: no task.json (an older workspace)."""
-    from ait.job.env_loader import import_env
-
-    ws = tmp_path / "ws"
-    if not ws.exists():
-        shutil.copytree(REF_JOB, ws, ignore=shutil.ignore_patterns("__pycache__"))
-    (ws / "task.json").unlink(missing_ok=True)
-    if knobs is not None:
-        task = json.loads((REPO / "examples" / "tasks" / "triage.json").read_text())
-        task["difficulty"] = FAMILY.difficulty(knobs).model_dump()
-        (ws / "task.json").write_text(json.dumps(task))
-    return import_env(ws / "env.py").build_dataset(n, seed)
+    return reference_rows_at(tmp_path, "triage", knobs, n, seed)
 
 
 def _chain_length(world: dict, src: str, dst: str) -> int:
