@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ait.job.types import Job
+from ait.train.request import LOGIT_BUDGET
 
 GIB = 2**30
 PROMPT_TOKENS = 1024  # a generous allowance for the system prompt, tool schemas and tool results
@@ -46,7 +47,7 @@ def model_shape(model_dir: str) -> dict:
             "hidden": hidden, "vocab": cfg.get("vocab_size", 32000)}
 
 
-def estimate_job_gib(job: Job, model_dir: str, logit_budget: int = 2**29) -> float:
+def estimate_job_gib(job: Job, model_dir: str, logit_budget: int = LOGIT_BUDGET) -> float:
     """Peak GPU memory of one job (training process and the eval waiting beside it), pessimistic."""
     s = model_shape(model_dir)
     t = job.config.train

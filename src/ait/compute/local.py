@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ait.compute.run_job import run_job
 from ait.job.types import FailReason, Job, JobResult
+from ait.train.request import LOGIT_BUDGET, LOGIT_BUDGET_ENV
 
 JobFn = Callable[[Job, dict[str, str]], JobResult]
 """A job function: run the job with this extra environment, return its result."""
@@ -57,11 +58,11 @@ def slot_envs(slots: int | None, gpus: list[str], jobs_per_gpu: int = 1) -> list
                          f"(at most {capacity}); raise --jobs-per-gpu to pack more jobs per GPU")
     # Jobs that share a GPU score in half-size micro-batches: their peak memory is mostly one
     # micro-batch's logits, and at the full size eight SmolLM2 standard jobs do not fit an H200.
-    packed = {"AIT_LOGIT_BUDGET": str(PACKED_LOGIT_BUDGET)} if jobs_per_gpu > 1 else {}
+    packed = {LOGIT_BUDGET_ENV: str(PACKED_LOGIT_BUDGET)} if jobs_per_gpu > 1 else {}
     return [{"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)], **cpu_share(n), **packed} for i in range(n)]
 
 
-PACKED_LOGIT_BUDGET = 2**28  # half of ait.train.fast_grpo.LOGIT_BUDGET
+PACKED_LOGIT_BUDGET = LOGIT_BUDGET // 2
 
 
 def cpu_share(slots: int) -> dict[str, str]:
@@ -170,7 +171,7 @@ class LocalExecutor:
             gpu = env.get("CUDA_VISIBLE_DEVICES", "")
             if not gpu or gpu not in self.ledger.used:
                 return self.job_fn(job, env)
-            need = estimate_gib(job, int(env.get("AIT_LOGIT_BUDGET", 2**29)))
+            need = estimate_gib(job, int(env.get(LOGIT_BUDGET_ENV, LOGIT_BUDGET)))
             with self.ledger.reserve(gpu, need) as held:
                 result = self.job_fn(job, env)
             if result.fail_reason == FailReason.oom and held.shared:
@@ -183,7 +184,7 @@ class LocalExecutor:
             self._free.put(env)
 
 
-def estimate_gib(job: Job, logit_budget: int = 2**29) -> float:
+def estimate_gib(job: Job, logit_budget: int = LOGIT_BUDGET) -> float:
     """The job's estimated peak GPU memory; 0 when its model cannot be resolved (run_job reports why)."""
     from ait.compute.gpu_memory import estimate_job_gib
     from ait.train.models import resolve_base_model

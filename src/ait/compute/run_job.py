@@ -85,13 +85,14 @@ def run_job(job: Job, extra_env: dict[str, str] | None = None) -> JobResult:
     evaluator = StartedProcess(["-m", "ait.evals.hidden_eval", str(req_path)], cwd=eval_dir,
                                log_path=eval_dir / "eval.log", env={**os.environ, **(extra_env or {})}, stdin=True)
     try:
-        return _train_then_score(job, job_dir, base_model, request_path, extra_env, evaluator, start)
+        return _train_then_score(job, job_dir, base_model, request_path, extra_env, evaluator, Path(req.out_path),
+                                 start)
     finally:
         evaluator.kill()  # stops a waiting eval when training failed (a no-op once it finished)
 
 
 def _train_then_score(job: Job, job_dir: Path, base_model, request_path: Path, extra_env: dict[str, str] | None,
-                      evaluator: StartedProcess, start: float) -> JobResult:
+                      evaluator: StartedProcess, eval_out: Path, start: float) -> JobResult:
     outcome = run_untrusted(["-m", "ait.train.main", str(request_path)], cwd=job_dir,
                             timeout_s=job.time_budget_s * job.kill_factor, log_path=job_dir / "train.log",
                             policy=train_policy(job, base_model.path, job_dir, extra_env), env=extra_env)
@@ -112,12 +113,11 @@ def _train_then_score(job: Job, job_dir: Path, base_model, request_path: Path, e
                          total_seconds=time.monotonic() - start, **base)
 
     evaluated = evaluator.finish(EVAL_TIMEOUT_S, stdin_line="go")
-    out_path = Path(evaluator.log_path).parent / "eval.json"
     if evaluated.returncode != 0:
         return JobResult(ok=False, fail_reason=FailReason.crash,
                          error=f"hidden eval failed (status {evaluated.returncode})\n{evaluated.log_tail}",
                          total_seconds=time.monotonic() - start, **base)
-    report = EvalReport.model_validate_json(out_path.read_text())
+    report = EvalReport.model_validate_json(eval_out.read_text())
     metrics = {k: v for k, v in trained.metrics.items() if isinstance(v, float)}
     metrics.update(report.seconds)
     return JobResult(ok=True, pre=report.pre, post=report.post, eval_n=report.n,

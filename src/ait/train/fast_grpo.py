@@ -31,11 +31,14 @@ from ait.job.env_loader import import_env, read_surface
 from ait.job.types import Job, TrainConfig
 from ait.train.attention import avoid_cudnn_attention, grouped_attention_name
 from ait.train.decode import Decoder
-from ait.train.request import TrainOutput, build_rows, safe_reward
+from ait.train.request import (
+    LOGIT_BUDGET,
+    LOGIT_BUDGET_ENV,
+    TrainOutput,
+    build_rows,
+    safe_reward,
+)
 from ait.train.rollouts import Rollout, rollout_batch, stop_ids
-
-LOGIT_BUDGET = 2**29  # scoring micro-batch: padded tokens x vocab stays under this (~5 GB of logits and grads)
-LOGIT_BUDGET_ENV = "AIT_LOGIT_BUDGET"  # set by the executor for jobs that share a GPU (ait.compute.local)
 
 
 def logit_budget() -> int:

@@ -13,6 +13,8 @@ from ait.job.env_loader import EnvSurface, call_reward
 from ait.job.types import Job, TrainConfig
 
 EXIT_OOM = 3  # the worker maps this exit status to FailReason.oom
+LOGIT_BUDGET = 2**29  # fast trainer's scoring micro-batch: padded tokens x vocab stays under this (~5 GB of logits)
+LOGIT_BUDGET_ENV = "AIT_LOGIT_BUDGET"  # a smaller budget the executor sets for jobs that share a GPU
 
 
 class TrainRequest(BaseModel):
