@@ -15,6 +15,9 @@
 #   gputests     pytest -m gpu tests/test_gpu.py (the GPU paths CI cannot run)
 #   convert_bg   dequantise Qwen's GGUF in the background as soon as it is staged (about 3 minutes
 #                of one core), so that the stages that need it do not wait for it on an idle GPU
+#   monitor_bg   sample GPU utilisation and memory (nvidia-smi, 1 s) and the CPU load (2 s) into
+#                gpu-monitor.csv and cpu-load.log until the machine goes back: where a packed run's
+#                time goes (an idle GPU means the jobs wait on their CPUs)
 #   arc          the outer loop (configs/outer/h200_mini.toml), started in the background: it
 #                runs beside the stages after it until the machine goes back
 # Stages that need Qwen wait for /root/stage/qwen.gguf.done (the staging calls touch it).
@@ -60,6 +63,10 @@ for stage in ${*:-sidebyside pack calibrate arc uplift}; do
     arc) wait_qwen; start_mps; note "arc start"
          python3 -c "from ait.cli import app; app()" train --config configs/outer/h200_mini.toml --run-dir "$R/arc" \
            > "$R/arc.log" 2>&1 & ;;
+    monitor_bg) { nvidia-smi --query-gpu=timestamp,utilization.gpu,utilization.memory,memory.used \
+                    --format=csv,noheader -l 1 > "$R/gpu-monitor.csv" 2>&1 &
+                  while sleep 2; do echo "$(date -u +%T) $(cut -d' ' -f1-4 /proc/loadavg)"; done > "$R/cpu-load.log"; } &
+                disown ;;  # not waited for: it samples until the machine goes back
     *) note "unknown stage $stage (skipped)" ;;
   esac
 done
