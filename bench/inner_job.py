@@ -169,9 +169,11 @@ def run_side_by_side(args, out: Path) -> dict:
 def run_pack(args, out: Path) -> dict:
     results = {}
     base = None
-    for k in args.pack:
-        executor = LocalExecutor(slot_envs(k, [args.gpu], jobs_per_gpu=k))
-        jobs = [standard_job(args.family[0], args.model, args.trainers[0], out, args, seed=i, tag=f"-k{k}-{i}")
+    runs = [(k, None) for k in args.pack] + [(k, pct) for k in args.pack if k > 1 for pct in args.mps_pct]
+    for k, pct in runs:
+        executor = LocalExecutor(slot_envs(k, [args.gpu], jobs_per_gpu=k, mps_thread_percentage=pct))
+        jobs = [standard_job(args.family[0], args.model, args.trainers[0], out, args, seed=i,
+                             tag=f"-k{k}-{i}" + (f"-mps{pct}" if pct else ""))
                 for i in range(k)]
         done: list[JobResult] = []
         start = time.monotonic()
@@ -185,17 +187,18 @@ def run_pack(args, out: Path) -> dict:
         per_hour = ok / wall * 3600
         base = base or per_hour
         peak = max((r.metrics.get("train/peak_gpu_memory_gb") or 0.0) for r in done)
-        results[k] = {"jobs": k, "ok": ok, "wall_s": wall, "jobs_per_hour": per_hour, "vs_k1": per_hour / base,
-                      "usd_per_job": args.usd_per_gpu_hour / per_hour if per_hour else None,
-                      "peak_gpu_gb_per_job": peak, "posts": [r.post for r in done],
-                      "errors": [(r.error or "")[-300:] for r in done if not r.ok]}
-        console.print(json.dumps(results[k]))
+        key = f"{k}" + (f"@mps{pct}%" if pct else "")
+        results[key] = {"jobs": k, "mps_thread_percentage": pct, "ok": ok, "wall_s": wall, "jobs_per_hour": per_hour,
+                        "vs_k1": per_hour / base, "usd_per_job": args.usd_per_gpu_hour / per_hour if per_hour else None,
+                        "peak_gpu_gb_per_job": peak, "posts": [r.post for r in done],
+                        "errors": [(r.error or "")[-300:] for r in done if not r.ok]}
+        console.print(json.dumps(results[key]))
         save_partial(args, "pack", results)
     table = Table(title=f"packing on GPU {args.gpu}: {args.family[0]} standard job, {args.model}")
     for col in ("K", "ok", "wall s", "jobs/hour", "x K=1", "$/job"):
         table.add_column(col, justify="right")
     for k, r in results.items():
-        table.add_row(str(k), str(r["ok"]), fmt(r["wall_s"]), fmt(r["jobs_per_hour"]), fmt(r["vs_k1"]),
+        table.add_row(k, str(r["ok"]), fmt(r["wall_s"]), fmt(r["jobs_per_hour"]), fmt(r["vs_k1"]),
                       fmt(r["usd_per_job"]))
     console.print(table)
     return results
@@ -236,6 +239,8 @@ def main() -> int:
     p.add_argument("--time-budget", type=float, default=900)
     p.add_argument("--usd-per-gpu-hour", type=float, default=3.50, help="H200 on-demand price assumed")
     p.add_argument("--pack", default="", help="comma list of K, e.g. 1,2,4,8")
+    p.add_argument("--mps-pct", default="", help="also run each K > 1 with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "
+                   "at these values (comma list): each job's kernels then use at most that share of the SMs")
     p.add_argument("--gpu", default="0")
     p.add_argument("--calibration", default=None, help="bench/calibrate.py JSON: use each family's chosen difficulty")
     p.add_argument("--parallel", action="store_true", help="run the families' jobs at once (uplift, not timing)")
@@ -246,6 +251,7 @@ def main() -> int:
     args.trainers = [t.strip() for t in args.trainers.split(",") if t.strip()]
     args.lr = [float(x) for x in args.lr.split(",") if x.strip()]
     args.pack = [int(k) for k in args.pack.split(",") if k.strip()]
+    args.mps_pct = [int(x) for x in args.mps_pct.split(",") if x.strip()]
     out = Path(args.out or tempfile.mkdtemp(prefix="ait-bench-inner-"))
     out.mkdir(parents=True, exist_ok=True)
     if args.json:

@@ -42,6 +42,18 @@ def test_slot_envs_pack_jobs_per_gpu_and_hide_gpus_from_cpu_slots():
     assert parse_gpus(" 2, 3 ") == ["2", "3"] and parse_gpus(None) == []
 
 
+def test_mps_thread_percentage_reaches_each_slot_and_the_sandboxed_job():
+    from ait.sandbox import KEEP_ENV
+
+    envs = slot_envs(None, ["0"], jobs_per_gpu=4, mps_thread_percentage=25)
+    assert [e["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for e in envs] == ["25"] * 4
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in slot_envs(None, ["0"], jobs_per_gpu=4)[0]
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in KEEP_ENV  # the scrubbed job environment keeps it
+    for bad in (0, 101):
+        with pytest.raises(ValueError, match="1..100"):
+            slot_envs(None, ["0"], jobs_per_gpu=2, mps_thread_percentage=bad)
+
+
 def test_slots_run_jobs_concurrently_never_more_than_k_per_gpu(tmp_path):
     queue = JobQueue(tmp_path / "q.sqlite")
     queue.enqueue_many([fake_job(tmp_path, i) for i in range(6)])

@@ -17,6 +17,8 @@ def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite qu
            gpus: str | None = typer.Option(None, help="GPU ids for the slots, e.g. 0,1 (none: CPU slots "
                                                          "with CUDA_VISIBLE_DEVICES=''); all: every visible GPU. ray: any value asks Ray for GPUs."),
            jobs_per_gpu: int = typer.Option(1, help="Jobs packed on one GPU."),
+           mps_thread_percentage: int | None = typer.Option(
+               None, help="Under CUDA MPS, the share of a GPU's SMs (1-100) each local job may use."),
            once: bool = typer.Option(False, "--once", help="Drain the queued jobs, then exit."),
            idle_exit: float | None = typer.Option(None, help="Exit after this many idle seconds."),
            lease: float = typer.Option(60.0, help="Lease length in seconds (heartbeats renew it)."),
@@ -46,7 +48,7 @@ def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite qu
             gpu_ids = detect_gpus() if gpus == "all" else parse_gpus(gpus)
             if gpus == "all" and not gpu_ids:
                 raise ValueError("--gpus all: no GPU is visible here (CUDA_VISIBLE_DEVICES or torch)")
-            launcher = LocalLauncher(slot_envs(slots, gpu_ids, jobs_per_gpu))
+            launcher = LocalLauncher(slot_envs(slots, gpu_ids, jobs_per_gpu, mps_thread_percentage))
     except (QueueError, ValueError, RuntimeError, ConnectionError) as e:
         fail(str(e))  # fail() prints literally: "pip install 'ait[ray]'" is not rich markup
     options = WorkerOptions(once=once, idle_exit_s=idle_exit, poll_s=poll, drain_timeout_s=drain_timeout)

@@ -38,12 +38,15 @@ def parse_gpus(text: str | None) -> list[str]:
     return gpus
 
 
-def slot_envs(slots: int | None, gpus: list[str], jobs_per_gpu: int = 1) -> list[dict[str, str]]:
+def slot_envs(slots: int | None, gpus: list[str], jobs_per_gpu: int = 1,
+              mps_thread_percentage: int | None = None) -> list[dict[str, str]]:
     """One environment per slot. With GPUs, slots are spread over them round-robin (so
     fewer slots than capacity still use every GPU) and at most `jobs_per_gpu` share one.
     Each slot also gets its share of the CPU cores as OMP_NUM_THREADS (unless the operator set
     it): every torch process otherwise starts one spinning OpenMP thread per core, and K packed
-    jobs would oversubscribe the host K times over."""
+    jobs would oversubscribe the host K times over. `mps_thread_percentage` caps the share of a
+    GPU's SMs each job's kernels may occupy under CUDA MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE):
+    small jobs whose kernels each grab the whole GPU then run side by side instead of in turn."""
     if jobs_per_gpu < 1:
         raise ValueError(f"--jobs-per-gpu must be at least 1, got {jobs_per_gpu}")
     if not gpus:
@@ -59,10 +62,15 @@ def slot_envs(slots: int | None, gpus: list[str], jobs_per_gpu: int = 1) -> list
     # Jobs that share a GPU score in half-size micro-batches: their peak memory is mostly one
     # micro-batch's logits, and at the full size eight SmolLM2 standard jobs do not fit an H200.
     packed = {LOGIT_BUDGET_ENV: str(PACKED_LOGIT_BUDGET)} if jobs_per_gpu > 1 else {}
+    if mps_thread_percentage is not None:
+        if not 1 <= mps_thread_percentage <= 100:
+            raise ValueError(f"--mps-thread-percentage must be 1..100, got {mps_thread_percentage}")
+        packed[MPS_THREAD_PERCENTAGE_ENV] = str(mps_thread_percentage)
     return [{"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)], **cpu_share(n), **packed} for i in range(n)]
 
 
 PACKED_LOGIT_BUDGET = LOGIT_BUDGET // 2
+MPS_THREAD_PERCENTAGE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 
 
 def cpu_share(slots: int) -> dict[str, str]:

@@ -31,7 +31,8 @@ __all__ = ["UNSAFE_ENV", "Limits", "RunOutcome", "SandboxPolicy", "SandboxUnavai
 # Variables a child needs to run Python and find its libraries; everything else
 # (API keys, cloud credentials, tokens) is dropped.
 KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES",
-            "OMP_NUM_THREADS", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_MPS_PIPE_DIRECTORY", "AIT_LOGIT_BUDGET")
+            "OMP_NUM_THREADS", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_MPS_PIPE_DIRECTORY",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "AIT_LOGIT_BUDGET")
 UNSAFE_ENV = "AIT_UNSAFE_NO_SANDBOX"
 MAX_LOG_BYTES = 5_000_000
 
