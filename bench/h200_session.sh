@@ -18,7 +18,8 @@
 #   monitor_bg   sample GPU utilisation and memory (nvidia-smi, 1 s) and the CPU load (2 s) into
 #                gpu-monitor.csv and cpu-load.log until the machine goes back: where a packed run's
 #                time goes (an idle GPU means the jobs wait on their CPUs)
-#   arc          the outer loop (configs/outer/h200_mini.toml), started in the background: it
+#   arc          the outer loop (configs/outer/h200_mini.toml, its tasks rebuilt by bench/arc_tasks.py at
+#                the session's calibrated difficulty), started in the background: it
 #                runs beside the stages after it until the machine goes back
 # Stages that need Qwen wait for /root/stage/qwen.gguf.done (the staging calls touch it).
 # Timing stages should come before `arc`: after it they share the GPU.
@@ -30,7 +31,8 @@ mkdir -p "$R"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:/tmp/site AIT_HIDDEN_SEED=${AIT_HIDDEN_SEED:-20261129} AIT_HOME=/root/.ait
 # The committed calibration (docs/measurements) picks each family's rung for the uplift jobs on a fresh
 # machine; the timing stages keep the families' default difficulty.
-UPLIFT_CAL=${UPLIFT_CAL:-$PWD/docs/measurements/calibration-h200.json}
+# A calibrate stage earlier in the same session (it writes /root/stage/calibration.json) takes over.
+fresh_cal() { [ -f /root/stage/calibration.json ] && echo /root/stage/calibration.json || echo "$PWD/docs/measurements/calibration-h200.json"; }
 mkdir -p "$AIT_HOME"  # the model aliases every stage resolves (bench/h200.sh writes the same)
 printf '[models]\n"smollm2-135m" = "/root/stage/smol.gguf"\n"qwen2.5-coder-0.5b" = "/root/stage/qwen.gguf"\n' \
   > "$AIT_HOME/models.toml"
@@ -57,11 +59,14 @@ for stage in ${*:-sidebyside pack calibrate arc uplift}; do
                     > "$R/convert.log" 2>&1; note "qwen conversion rc=$?" ) & ;;
     gputests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py > "$R/gputests.log" 2>&1; note "gputests rc=$?" ;;
     calibrate) wait_qwen; note "calibrate start"; OUT=$R bench/h200.sh calibrate > /dev/null; note "calibrate rc=$?" ;;
-    uplift) wait_qwen; note "uplift start"; CAL=$UPLIFT_CAL OUT=$R bench/h200.sh uplift > /dev/null; note "uplift rc=$?" ;;
+    uplift) wait_qwen; note "uplift start"; CAL=${UPLIFT_CAL:-$(fresh_cal)} OUT=$R bench/h200.sh uplift > /dev/null; note "uplift rc=$?" ;;
     uplift_bg) wait_qwen; note "uplift (background) start"
-               ( CAL=$UPLIFT_CAL OUT=$R bench/h200.sh uplift > /dev/null; note "uplift rc=$?" ) & ;;
-    arc) wait_qwen; start_mps; note "arc start"
-         python3 -c "from ait.cli import app; app()" train --config configs/outer/h200_mini.toml --run-dir "$R/arc" \
+               ( CAL=${UPLIFT_CAL:-$(fresh_cal)} OUT=$R bench/h200.sh uplift > /dev/null; note "uplift rc=$?" ) & ;;
+    arc) wait_qwen; start_mps
+         # the tasks at the calibrated difficulty, inner jobs bounded so an outer step fits the lease
+         python3 bench/arc_tasks.py --calibration "${ARC_CAL:-$(fresh_cal)}" --config configs/outer/h200_mini.toml \
+           --out-dir "$R/arc-tasks" > "$R/arc-tasks.log" 2>&1; note "arc start (tasks rc=$?)"
+         python3 -c "from ait.cli import app; app()" train --config "$R/arc-tasks/h200_mini.toml" --run-dir "$R/arc" \
            > "$R/arc.log" 2>&1 & ;;
     monitor_bg) { nvidia-smi --query-gpu=timestamp,utilization.gpu,utilization.memory,memory.used \
                     --format=csv,noheader -l 1 > "$R/gpu-monitor.csv" 2>&1 &
