@@ -71,6 +71,12 @@ def test_reference_episode_end_to_end(tmp_path, spec):
         assert (run / name).exists(), name
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["versions"]["trl"] and manifest["config"]["eval_size"] == 24
+    # env.py went in as a fenced block in the message (write_file without content), byte for byte.
+    events = [json.loads(line) for line in (run / "trajectory.jsonl").read_text().splitlines()]
+    env_writes = [c["arguments"] for e in events if e["kind"] == "message" for c in e.get("tool_calls") or []
+                  if c["name"] == "write_file" and c["arguments"].get("path") == "env.py"]
+    assert env_writes == [{"path": "env.py"}]
+    assert (run / "submissions/1/workspace/env.py").read_text() == (REFERENCE / "env.py").read_text()
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])

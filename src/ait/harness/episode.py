@@ -126,7 +126,7 @@ class Episode:
             for call in reply.tool_calls:
                 self.on_event(f"turn {turn}: {call.name}")
                 t0 = time.monotonic()
-                result = self.tools.dispatch(call)
+                result = self.tools.dispatch(call, reply.content)
                 messages.append(Message(role="tool", content=result, tool_call_id=call.id, name=call.name))
                 self.run.log("tool_result", turn=turn, tool=call.name, call_id=call.id, content=result,
                              seconds=round(time.monotonic() - t0, 3), malformed_total=self.tools.malformed)

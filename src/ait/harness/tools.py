@@ -2,8 +2,14 @@
 
 Every call returns text for the agent; a mistaken call (bad arguments, unknown tool,
 path outside the workspace) returns an error text, never an exception. Malformed calls
-(unknown tool, arguments that are not a JSON object, wrong argument names) are also
-counted: an LLM agent's rate of them is worth watching.
+(unknown tool, arguments that are not a JSON object, wrong argument names, a write_file
+with no content and no fenced block) are also counted: an LLM agent's rate of them is
+worth watching.
+
+`write_file` may omit `content`: the file's text is then the last fenced code block
+(```python ... ```) of the same assistant message's text (`ait.harness.fenced` has the
+rules), so a long file need not be JSON-escaped inside the call. `content`, when given
+(even empty), wins; `"content": null` counts as omitted.
 """
 
 from __future__ import annotations
@@ -14,24 +20,30 @@ from typing import Any, Callable
 
 from ait.evals.baselines import BaselineStore
 from ait.evals.hidden import eval_fingerprint
+from ait.harness.fenced import last_fenced_block
 from ait.harness.types import ToolCallRequest
 from ait.harness.workspace_tools import ToolError, WorkspaceTools
 from ait.spec import TaskSpec
 
 
-def _schema(name: str, description: str, params: dict[str, str]) -> dict[str, Any]:
+def _schema(name: str, description: str, params: dict[str, str],
+            optional: tuple[str, ...] = ()) -> dict[str, Any]:
     return {"type": "function", "function": {
         "name": name, "description": description,
         "parameters": {"type": "object", "properties": {p: {"type": "string", "description": d}
                                                         for p, d in params.items()},
-                       "required": list(params)}}}
+                       "required": [p for p in params if p not in optional]}}}
 
 
 TOOL_SCHEMAS = [
     _schema("list_files", "List the files in your workspace with their sizes.", {}),
     _schema("read_file", "Read a text file from your workspace.", {"path": "path relative to the workspace"}),
-    _schema("write_file", "Create or overwrite a text file in your workspace.",
-            {"path": "path relative to the workspace", "content": "the whole file's text"}),
+    _schema("write_file", "Create or overwrite a text file in your workspace. For a long file such as env.py "
+            "(recommended), omit content and put the whole file in a fenced code block (```python ... ```) "
+            "in your message just before this call: the last fenced block of the message is written as is.",
+            {"path": "path relative to the workspace",
+             "content": "the whole file's text; omit it to write the fenced block before the call"},
+            optional=("content",)),
     _schema("edit_file", "Replace exactly one occurrence of `old` with `new` in a file.",
             {"path": "path relative to the workspace", "old": "text to find (must occur once)",
              "new": "replacement text"}),
@@ -57,10 +69,28 @@ class EpisodeTools:
             out[model] = round(b.best_pre, 4) if b else "not measured yet"
         return json.dumps(out)
 
-    def dispatch(self, call: ToolCallRequest) -> str:
+    def write_file(self, path: str, content: str | None, message: str) -> str:
+        """write_file as the agent calls it: `content`, or else the last fenced block of `message`."""
+        if content is None:
+            content = last_fenced_block(message)
+            if content is None:
+                self.malformed += 1
+                raise ToolError(
+                    "write_file got no content, and your message has no fenced code block before the call. "
+                    "Put the whole file in a ```python ... ``` block in your message, then call write_file "
+                    "with just the path; or pass the file's text as content.")
+        return self.files.write_file(path, content)
+
+    def dispatch(self, call: ToolCallRequest, message: str = "") -> str:
+        """Run one tool call; `message` is the text of the assistant message that made it (where
+        write_file finds a fenced block when it is given no content)."""
+
+        def write_file(path: str, content: str | None = None) -> str:  # the signature the agent sees
+            return self.write_file(path, content, message)
+
         handlers: dict[str, Callable[..., str]] = {
             "list_files": self.files.list_files, "read_file": self.files.read_file,
-            "write_file": self.files.write_file, "edit_file": self.files.edit_file,
+            "write_file": write_file, "edit_file": self.files.edit_file,
             "get_baseline_scores": self.get_baseline_scores, "submit_job": self.submit,
         }
         handler = handlers.get(call.name)

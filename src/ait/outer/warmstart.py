@@ -56,7 +56,8 @@ def reference_transcript(spec: TaskSpec, workdir: Path, baselines: BaselineStore
         if not reply.tool_calls or any(c.name == "submit_job" for c in reply.tool_calls):
             break
         for call in reply.tool_calls:
-            messages.append(Message(role="tool", content=tools.dispatch(call), tool_call_id=call.id, name=call.name))
+            result = tools.dispatch(call, reply.content)  # the reply's text: where a fenced file body is
+            messages.append(Message(role="tool", content=result, tool_call_id=call.id, name=call.name))
     return messages
 
 

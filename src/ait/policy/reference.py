@@ -6,6 +6,12 @@ shipped for the task's family, submits, and stops. When the harness allows more 
 (EpisodeConfig.max_jobs > 1) it refines up to `jobs` times: each time it doubles
 max_steps (within the task's bound) and submits again. It is the default policy with no
 API key, the demo, a test fixture and a baseline for trained agents.
+
+It writes env.py as a small agent should write a long file: the whole file in a ```python
+block in its message, then write_file with only the path (the harness writes the message's
+last fenced block), rather than as one JSON-escaped string. Short job.toml goes as
+`content`. The outer loop's warm start distils these transcripts, so a trained agent
+starts out with both styles.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import re
 from importlib.resources import files
 from typing import Any
 
+from ait.harness.fenced import fenced
 from ait.harness.types import Message, ToolCallRequest
 from ait.spec import TaskSpec
 
@@ -28,6 +35,7 @@ def reference_job(family: str) -> dict[str, str] | None:
 
 
 MORE_JOBS = "more job(s) allowed"  # what the harness says when another job may run
+FENCED = {"env.py": "python"}  # files written as a fenced block in the message (info string), not as content
 
 
 def more_steps(job_toml: str, cap: int) -> str | None:
@@ -108,4 +116,6 @@ class ReferencePolicy:
         return self._call("get_baseline_scores", {}, content=f"Family {task['family']}: writing the reference job.")
 
     def _write(self, name: str) -> Message:
+        if name in FENCED:
+            return self._call("write_file", {"path": name}, content=f"{name}:\n{fenced(self.job[name], FENCED[name])}")
         return self._call("write_file", {"path": name, "content": self.job[name]})
