@@ -506,3 +506,168 @@ def test_the_reference_env_trains_at_the_tasks_difficulty(tmp_path):
     assert {len(r["info"]["world"]["services"]) for r in old} == {4, 5, 6, 7}
     assert {_chain_length(r["info"]["world"], PROMPT_RE.fullmatch(r["prompt"]).group(2), r["answer"].split("@")[0])
             for r in old} == {1, 2, 3}
+
+
+# ---------------------------------------------------------------- inline (the data stated in the question)
+
+EASIEST = {"n_services": 4, "depth": 1, "n_distractor_deploys": 1, "n_background_deploys": 0, "log_noise": 0}
+INLINE_CONFIGS = [EASIEST, {}, {"n_services": 5, "depth": 1, "n_distractor_deploys": 3, "n_background_deploys": 0,
+                                "log_noise": 0}] + CONFIGS[2:]
+ALERT_LINE_RE = re.compile(r"^(\d\d:\d\d) ([a-z]+): (.+)$")
+DEPS_LINE_RE = re.compile(r"^([a-z]+) calls: (.+)$")
+DEPLOY_LINE_RE = re.compile(r"^(\d\d:\d\d) ([a-z]+)@(\d+\.\d+\.\d+)$")
+ERROR_LINE_RE = re.compile(r"^(\d\d:\d\d) ([a-z]+) ERROR (.*?)(?: \(x\d+, last \d\d:\d\d\))?$")
+
+
+def solve_from_text(prompt: str) -> str:
+    """The task's rule applied to nothing but the question's text (no tools, no world)."""
+    head, _, body = prompt.partition("\n\n")
+    m = PROMPT_RE.fullmatch(head)
+    assert m and body, prompt
+    alerts, deps, deploys, own_errors, section = [], {}, [], {}, None
+    for ln in body.splitlines():
+        if ln in ("Alerts:", "Dependencies:", "Deploys today:", "Error logs (earliest first):"):
+            section = ln[:-1]
+            continue
+        if section == "Alerts":
+            am = ALERT_LINE_RE.match(ln)
+            alerts.append((minutes(am.group(1)), am.group(2)))
+        elif section == "Dependencies":
+            dm = DEPS_LINE_RE.match(ln)
+            deps[dm.group(1)] = [] if dm.group(2) == "nothing" else dm.group(2).split(", ")
+        elif section == "Deploys today":
+            pm = DEPLOY_LINE_RE.match(ln)
+            deploys.append((minutes(pm.group(1)), pm.group(2), pm.group(3)))
+        elif section == "Error logs (earliest first)":
+            if ln.startswith("No error lines: "):
+                continue
+            em = ERROR_LINE_RE.match(ln)
+            assert em, ln
+            own_errors.setdefault(em.group(2), []).append((minutes(em.group(1)), em.group(3)))
+        else:
+            raise AssertionError(f"line outside a section: {ln!r}")
+    assert alerts and deps and deploys, prompt
+    first = min(t for t, _ in alerts)
+    assert m.group(2) in {s for _, s in alerts}
+    reach = closure(deps, [s for _, s in alerts])
+    found = []
+    for t, svc, ver in deploys:
+        if svc not in reach or not 0 < first - t <= 60:
+            continue
+        own = [x for x, msg in own_errors.get(svc, []) if not any(re.search(rf"\b{n}\b", msg) for n in deps)]
+        if any(t < x <= first for x in own) and not any(t - 60 <= x <= t for x in own):
+            found.append(f"{svc}@{ver}")
+    assert len(found) == 1, (prompt, found)
+    return found[0]
+
+
+def test_inline_off_changes_nothing():
+    """inline=False (the default) keeps examples, the eval format and the difficulty's dump byte-identical
+    to before the knob existed (the dump seeds the hidden eval and is written into task specs)."""
+    import hashlib
+
+    def digest(obj) -> str:
+        return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+    pinned = {"{}": "168e8714b60edd22c467558898863808e6980d23dfde26f1e75ddd811cef4921",
+              json.dumps(EASIEST): "e3423f27babf54aaac2a44d036bd2289f69e6bcbb7aa88c8679ce9ba6e251c72",
+              json.dumps(CONFIGS[3]): "3740ee23b73e4749577c2f0498cd65cfcc1ee957dde3a8dae9d440f0fa989833"}
+    for knobs, want in pinned.items():
+        for extra in ({}, {"inline": False}):
+            d = FAMILY.difficulty({**json.loads(knobs), **extra})
+            rng = random.Random(2024)
+            assert digest([FAMILY.example(rng, d).model_dump() for _ in range(30)]) == want, (knobs, extra)
+    for extra in ({}, {"inline": False}):
+        fmt = FAMILY.eval_format(FAMILY.difficulty(extra))
+        assert hashlib.sha256(fmt.model_dump_json().encode()).hexdigest() == \
+            "a9623938abdff9c220023de54c1f3200a749e9a98ccec6d1099cdd47c42a6557"
+    assert FAMILY.difficulty({"inline": False}).model_dump() == FAMILY.difficulty({}).model_dump()
+    assert "inline" not in FAMILY.difficulty({}).model_dump()
+    on = FAMILY.difficulty({"inline": True})
+    assert on.model_dump()["inline"] is True and FAMILY.difficulty(on.model_dump()) == on
+    assert build_spec("triage", constraints=CONSTRAINTS).difficulty == FAMILY.difficulty({}).model_dump()
+
+
+@pytest.mark.parametrize("i", range(len(INLINE_CONFIGS)))
+def test_inline_prompt_states_the_data_of_the_same_example(i):
+    knobs = INLINE_CONFIGS[i]
+    plain, inline = examples(knobs, 60, seed=900 + i), examples({**knobs, "inline": True}, 60, seed=900 + i)
+    for p, ex in zip(plain, inline):
+        assert (ex.world, ex.answer) == (p.world, p.answer)  # same draws: only the question grows
+        assert ex.prompt.startswith(p.prompt + "\n\n") and ex.prompt != p.prompt
+        lines = set(ex.prompt.splitlines())
+        w = ex.world
+        for a in w["alerts"]:
+            assert f"{a['time']} {a['service']}: {a['symptom']}" in lines
+        for d in w["deploys"]:
+            assert f"{d['time']} {d['service']}@{d['version']}" in lines
+        for s, called in w["deps"].items():
+            assert f"{s} calls: {', '.join(called) or 'nothing'}" in lines
+        root = ex.answer.split("@")[0]
+        first_own = next(e for e in w["logs"][root] if e["level"] == "ERROR")
+        assert any(ln.startswith(f"{first_own['time']} {root} ERROR {first_own['msg']}") for ln in lines)
+        assert " WARN " not in ex.prompt and " INFO " not in ex.prompt  # the noise stays behind the tools
+        if knobs in (EASIEST, {}):
+            assert len(ex.prompt) < 1300, ex.prompt  # about 400 tokens at most at the easy rungs
+
+
+@pytest.mark.parametrize("i", range(len(INLINE_CONFIGS)))
+def test_inline_prompt_alone_reaches_the_gold_answer(i):
+    knobs = {**INLINE_CONFIGS[i], "inline": True}
+    for ex in examples(knobs, 150, seed=1300 + i):
+        assert FAMILY.score(f"From the question.\nAnswer: {solve_from_text(ex.prompt)}", ex.answer) == 1.0
+    with pytest.raises(AssertionError):  # without inline the question alone is not enough
+        solve_from_text(examples(INLINE_CONFIGS[i], 1, seed=1300 + i)[0].prompt)
+
+
+def test_inline_hidden_like_set_is_solvable_from_the_text(monkeypatch, tmp_path):
+    from ait.evals.hidden import hidden_examples
+
+    monkeypatch.setitem(ait.families.FAMILIES, "triage", FAMILY)
+    monkeypatch.setenv("AIT_HOME", str(tmp_path))
+    monkeypatch.setenv("AIT_HIDDEN_SEED", "triage-family-test")
+    spec = build_spec("triage", difficulty={**EASIEST, "inline": True}, constraints=CONSTRAINTS)
+    assert spec.difficulty["inline"] is True
+    exs = hidden_examples(spec)
+    assert all(solve_from_text(ex.prompt) == ex.answer for ex in exs)
+    assert all(solve_from_text(d.prompt) == d.answer for d in spec.dev_examples)
+
+
+def test_inline_system_prompt_says_the_data_is_in_the_question():
+    plain, inline = FAMILY.eval_format(FAMILY.difficulty({})), FAMILY.eval_format(FAMILY.difficulty({"inline": True}))
+    assert plain.system_prompt.startswith("You are an on-call engineer triaging an incident. Use the tools:")
+    assert "question" not in plain.system_prompt
+    assert inline.system_prompt != plain.system_prompt
+    assert "The question lists" in inline.system_prompt and "optional" in inline.system_prompt
+    assert "Answer: <service>@<version>" in inline.system_prompt
+    # only the system prompt differs: same tools, answer format and budgets
+    assert inline.model_dump(exclude={"system_prompt"}) == plain.model_dump(exclude={"system_prompt"})
+    ex = examples({"inline": True}, 1, seed=3)[0]
+    assert [t.__name__ for t in FAMILY.tools(ex.world)] == [t.name for t in inline.tools]
+
+
+def test_reference_env_honours_inline_from_task_json(tmp_path):
+    from ait.families.triage import inline_data
+    from ait.job.env_loader import import_env
+
+    ws = tmp_path / "ws-triage"
+    for knobs in (EASIEST, {"n_services": 6, "depth": 3, "n_distractor_deploys": 4, "log_noise": 3}):
+        plain = _reference_rows_at(tmp_path, knobs, 60, seed=4)
+        assert import_env(ws / "env.py").SYSTEM_PROMPT == FAMILY.eval_format(FAMILY.difficulty(knobs)).system_prompt
+        rows = _reference_rows_at(tmp_path, {**knobs, "inline": True}, 60, seed=4)
+        env = import_env(ws / "env.py")
+        assert env.SYSTEM_PROMPT == FAMILY.eval_format(FAMILY.difficulty({"inline": True})).system_prompt
+        assert len(rows) == 60
+        for p, r in zip(plain, rows):
+            assert (r["answer"], r["info"]) == (p["answer"], p["info"])  # same worlds, answers and info
+            # the family's inline layout, computed by the family from the row's world
+            assert r["prompt"] == f"{p['prompt']}\n\n{inline_data(r['info']['world'])}"
+            assert solve_from_text(r["prompt"]) == r["answer"]
+            assert env.reward_correct(f"Answer: {r['answer']}", r["answer"], r["info"]) == 1.0
+    # no task.json (or inline off): the dataset is what it always was
+    import hashlib
+
+    env = import_env(REF_JOB / "env.py")
+    assert env.SYSTEM_PROMPT == FAMILY.eval_format(FAMILY.difficulty({})).system_prompt
+    assert hashlib.sha256(json.dumps(env.build_dataset(40, 3), sort_keys=True).encode()).hexdigest() == \
+        "99e510886cf4ca5edb517ecb24f3f30a939dd823cc2ec950c0029588784a2e9f"

@@ -23,6 +23,16 @@ service -> middle service -> culprit), n_distractor_deploys=3, n_background_depl
 log_noise=2. A model that just names the latest deploy before the alert is right about
 a third of the time; one that also filters by dependency about half; a small untrained
 model that follows the tools part of the way should land in the 0.2-0.7 band.
+
+inline=True (an easier rung for models that cannot drive multi-turn tool use): the
+question itself also states the data the tools would return that answering needs, one
+line per item: the alerts, every service's dependencies, the day's deploys and every
+service's error-level log lines (merged, earliest first; WARN/INFO noise stays behind
+search_logs). The world, the tools and the gold answer are exactly those of the same
+example without inline (same rng draws), and the system prompt says the data is in the
+question and the tools are optional. inline=False (the default) leaves everything as
+before, and is left out of the difficulty's dump, so task specs and hidden-eval seeds
+(derived from that dump) do not change.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import re
 from collections import deque
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from ait.families.base import Example, Family, ToolCall
 from ait.spec import EvalFormat, ToolParam, ToolSpec
@@ -105,6 +115,17 @@ class TriageDifficulty(BaseModel):
     """Ordinary deploys hours away from the incident (possibly on the culprit service itself)."""
     log_noise: int = Field(default=2, ge=0, le=6)
     """Irrelevant INFO/WARN lines per service; at 2 or more, some services also carry old chronic errors."""
+    inline: bool = False
+    """The question itself states the data needed (alerts, dependencies, deploys, error logs, one line
+    each) and the system prompt says so; the tools stay available and return the same data. Same world
+    and gold answer as without it. Left out of the dump when False (specs and hidden seeds unchanged)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_default_inline(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if not self.inline:
+            data.pop("inline", None)
+        return data
 
     @model_validator(mode="after")
     def _enough_services(self) -> "TriageDifficulty":
@@ -361,6 +382,49 @@ def generate(rng: random.Random, d: TriageDifficulty) -> tuple[str, dict[str, An
     return prompt, world, answer
 
 
+def inline_data(world: dict[str, Any]) -> str:
+    """The data an inline question states, in the tools' own line formats: alerts, every service's
+    dependencies, all deploys, and every service's error lines (merged, earliest first)."""
+    tools = {fn.__name__: fn for fn in make_tools(world)}
+    services = list(world.get("services", []))
+    lines = ["Alerts:", tools["list_alerts"](), "Dependencies:"]
+    lines += [tools["get_dependencies"](s) for s in services]
+    lines.append("Deploys today:")
+    lines += [f"{d['time']} {d['service']}@{d['version']}" for d in world.get("deploys", [])] or ["none"]
+    errors: list[tuple[str, str, str]] = []
+    quiet = []
+    for s in services:
+        out = tools["search_logs"](s, "error")
+        if out.startswith("no "):
+            quiet.append(s)
+            continue
+        for ln in out.splitlines():
+            t, rest = ln.split(" ", 1)
+            errors.append((t, s, rest))
+    lines.append("Error logs (earliest first):")
+    lines += [f"{t} {s} {rest}" for t, s, rest in sorted(errors)]
+    if quiet:
+        lines.append(f"No error lines: {', '.join(quiet)}")
+    return "\n".join(lines)
+
+
+TOOLS_SYSTEM_PROMPT = (
+    "You are an on-call engineer triaging an incident. Use the tools: check the alerts, "
+    "follow the failing service's dependencies and error logs down to the service whose "
+    "own errors started first (callers only blame their dependency), then find the deploy "
+    "of that service shortly before its errors began. When done, reply with the final "
+    "line 'Answer: <service>@<version>'."
+)
+INLINE_SYSTEM_PROMPT = (
+    "You are an on-call engineer triaging an incident. The question lists the alerts, the "
+    "service dependencies, the day's deploys and the error logs; the tools return the same "
+    "data, so using them is optional. Follow the failing service's dependencies and error logs "
+    "down to the service whose own errors started first (callers only blame their dependency), "
+    "then pick the deploy of that service shortly before its errors began. Reply with the final "
+    "line 'Answer: <service>@<version>'."
+)
+
+
 class Triage(Family):
     name = "triage"
     held_out = True
@@ -376,6 +440,8 @@ class Triage(Family):
     def example(self, rng: random.Random, difficulty: BaseModel) -> Example:
         d = TriageDifficulty.model_validate(difficulty.model_dump())
         prompt, world, answer = generate(rng, d)
+        if d.inline:
+            prompt = f"{prompt}\n\n{inline_data(world)}"
         return Example(prompt=prompt, world=world, answer=answer)
 
     def tools(self, world: dict[str, Any]) -> list[Callable[..., str]]:
@@ -399,13 +465,7 @@ class Triage(Family):
     def eval_format(self, difficulty: BaseModel) -> EvalFormat:
         d = TriageDifficulty.model_validate(difficulty.model_dump())
         return EvalFormat(
-            system_prompt=(
-                "You are an on-call engineer triaging an incident. Use the tools: check the alerts, "
-                "follow the failing service's dependencies and error logs down to the service whose "
-                "own errors started first (callers only blame their dependency), then find the deploy "
-                "of that service shortly before its errors began. When done, reply with the final "
-                "line 'Answer: <service>@<version>'."
-            ),
+            system_prompt=INLINE_SYSTEM_PROMPT if d.inline else TOOLS_SYSTEM_PROMPT,
             tools=[
                 ToolSpec(name="list_alerts", description="The incident's alerts, earliest first, one "
                          "'HH:MM service: symptom' line each.", parameters=[],

@@ -7,6 +7,11 @@ distractor and background deploys, log noise); without task.json, 4-7 services, 
 and a random mix of distractors. Rewards: full credit for the exact service@version, partial credit for
 naming the right service (or at least a deploy that really happened), a little for
 the answer format.
+
+When task.json's difficulty has "inline": true, each prompt also states the data the
+tools would return (alerts, dependencies, deploys, merged error logs, one line each, in
+the task's inline layout) and SYSTEM_PROMPT is the task's inline one (tools optional);
+the worlds, answers and rewards are the same as without it.
 """
 
 import json
@@ -14,11 +19,19 @@ import random
 import re
 from pathlib import Path
 
-SYSTEM_PROMPT = (
+TOOLS_SYSTEM_PROMPT = (
     "You are an on-call engineer triaging an incident. Use the tools: check the alerts, "
     "follow the failing service's dependencies and error logs down to the service whose "
     "own errors started first (callers only blame their dependency), then find the deploy "
     "of that service shortly before its errors began. When done, reply with the final "
+    "line 'Answer: <service>@<version>'."
+)
+INLINE_SYSTEM_PROMPT = (
+    "You are an on-call engineer triaging an incident. The question lists the alerts, the "
+    "service dependencies, the day's deploys and the error logs; the tools return the same "
+    "data, so using them is optional. Follow the failing service's dependencies and error logs "
+    "down to the service whose own errors started first (callers only blame their dependency), "
+    "then pick the deploy of that service shortly before its errors began. Reply with the final "
     "line 'Answer: <service>@<version>'."
 )
 
@@ -150,6 +163,39 @@ def task_difficulty() -> dict:
     return difficulty if isinstance(difficulty, dict) else {}
 
 
+def _inline(difficulty) -> bool:
+    """Whether the task states the tools' data in the question itself (the "inline" knob)."""
+    return isinstance(difficulty, dict) and difficulty.get("inline") is True
+
+
+SYSTEM_PROMPT = INLINE_SYSTEM_PROMPT if _inline(task_difficulty()) else TOOLS_SYSTEM_PROMPT
+
+
+def _inline_text(world):
+    """The data an inline prompt states, in the tools' own line formats: alerts, every service's
+    dependencies, all deploys, every service's error lines merged earliest first."""
+    env = Environment()
+    env.reset({"world": world})
+    lines = ["Alerts:", env.list_alerts(), "Dependencies:"]
+    lines += [env.get_dependencies(s) for s in env.services]
+    lines.append("Deploys today:")
+    lines += [f"{d['time']} {d['service']}@{d['version']}" for d in env.deploys] or ["none"]
+    errors, quiet = [], []
+    for s in env.services:
+        out = env.search_logs(s, "error")
+        if out.startswith("no "):
+            quiet.append(s)
+            continue
+        for ln in out.splitlines():
+            t, rest = ln.split(" ", 1)
+            errors.append((t, s, rest))
+    lines.append("Error logs (earliest first):")
+    lines += [f"{t} {s} {rest}" for t, s, rest in sorted(errors)]
+    if quiet:
+        lines.append(f"No error lines: {', '.join(quiet)}")
+    return "\n".join(lines)
+
+
 def _knob(difficulty, name, lo, hi):
     """An integer knob clamped to [lo, hi], or None when the task does not set it (or garbles it)."""
     try:
@@ -259,6 +305,8 @@ def _world(rng, difficulty=None):
              "alerts": alerts, "logs": logs}
     prompt = (f"Incident {incident}: {chain[0]} is {rng.choice(PHRASES)} since {_hhmm(alert)}. "
               "Which deploy is the root cause? Answer with the service and version.")
+    if _inline(difficulty):
+        prompt = f"{prompt}\n\n{_inline_text(world)}"
     return {"prompt": prompt, "answer": answer, "info": {"world": world}}
 
 
