@@ -22,6 +22,7 @@ from transformers.utils import get_json_schema
 import ait.families
 from ait.families import ToolCall, build_spec
 from ait.families.string_pipeline import OPS, StringPipeline
+from ait.job.env_loader import import_env
 from ait.spec import Constraints
 from tests.reference_rows import reference_rows_at
 
@@ -580,3 +581,145 @@ def test_the_reference_env_trains_at_the_tasks_difficulty(tmp_path):
     assert {op for r in old for op, _ in parse_prompt(r["prompt"])[1]} == set(OPS)
     assert all(10 <= len(t) <= 16 and len(r["info"]["world"]["records"]) == 4
                for r in old for t in r["info"]["world"]["records"].values())
+
+
+# ---------------------------------------------------------------- inline: the record's text in the question
+
+INLINE_RE = re.compile(r'Take record (R\d+), whose text is "([A-Za-z0-9]+)"\. (.+)\. What is the resulting string\? '
+                       r"End your reply with the line 'Answer: <string>'\.")
+INLINE_CONFIGS = [
+    {"inline": True},
+    {"inline": True, "n_transforms": 1, "min_length": 6, "max_length": 10, "ops": ["reverse", "upper", "lower"]},
+    {"inline": True, "n_transforms": 1, "min_length": 6, "max_length": 10},
+    {"inline": True, "n_transforms": 6, "max_shift": 25, "n_records": 1},
+    {"inline": True, "n_transforms": 10, "min_length": 30, "max_length": 40, "n_records": 10},
+]
+
+
+def inline_solver(prompt: str) -> str:
+    """Reads only the inline question (no tools, no world): the stated text, then each step by hand."""
+    m = INLINE_RE.fullmatch(prompt)
+    assert m, f"not an inline question: {prompt!r}"
+    _, steps = parse_prompt(f"Take record {m.group(1)}. {m.group(3)}. What is the resulting string?")
+    text = m.group(2)
+    for op, arg in steps:
+        text = my_op(text, op, arg)
+    return f"Worked it out by hand.\nAnswer: {text}"
+
+
+def test_inline_prompt_states_the_record_text():
+    for i, knobs in enumerate(INLINE_CONFIGS):
+        for ex in examples(knobs, 60, seed=900 + i):
+            rid = ex.world["record_id"]
+            m = INLINE_RE.fullmatch(ex.prompt)
+            assert m and m.group(1) == rid, ex.prompt
+            assert m.group(2) == ex.world["records"][rid]
+            assert f'"{ex.world["records"][rid]}"' in ex.prompt
+
+
+def test_inline_prompt_alone_reaches_the_gold_answer():
+    """An independent solver that sees only the question text (ops applied by this test's own code)
+    solves every inline example across many seeds, all ops and long chains included."""
+    solved, seen_ops = 0, set()
+    for i, knobs in enumerate(INLINE_CONFIGS):
+        for seed in range(40):
+            for ex in examples(knobs, 5, seed=10_000 * i + seed):
+                solved += FAMILY.score(inline_solver(ex.prompt), ex.answer)
+                seen_ops |= {s["op"] for s in ex.world["steps"]}
+    assert solved == len(INLINE_CONFIGS) * 40 * 5
+    assert seen_ops == set(OPS)
+
+
+def test_inline_changes_only_the_question():
+    """Same seed and knobs: the inline example has the same world, steps and gold answer, and its
+    question is the plain one with the text clause and the Answer-line reminder added; the tools
+    replay to the same answer."""
+    for knobs in ({}, {"n_transforms": 1, "min_length": 6, "max_length": 10}, {"n_transforms": 5, "n_records": 1}):
+        plain = examples(knobs, 80, seed=31)
+        inline = examples({**knobs, "inline": True}, 80, seed=31)
+        for p, q in zip(plain, inline):
+            assert (q.world, q.answer) == (p.world, p.answer)
+            rid = p.world["record_id"]
+            assert q.prompt == p.prompt.replace(
+                f"Take record {rid}.", f'Take record {rid}, whose text is "{p.world["records"][rid]}".', 1) + \
+                " End your reply with the line 'Answer: <string>'."
+            assert q.prompt != p.prompt and p.world["records"][rid] not in p.prompt
+            out = None
+            for call_ in FAMILY.gold_trace(q):
+                out = FAMILY.call_tool(q.world, call_)
+            assert out == q.answer
+
+
+def test_non_inline_examples_and_dump_are_unchanged():
+    """Pinned from the family before the inline knob existed: the same seed gives byte-identical
+    examples, and a false inline stays out of the dump (spec difficulty, hidden-set seed)."""
+    import hashlib
+
+    def digest(knobs):
+        rng = random.Random(2024)
+        exs = [FAMILY.example(rng, FAMILY.difficulty(knobs)) for _ in range(100)]
+        blob = json.dumps([[e.prompt, e.world, e.answer] for e in exs], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    assert digest({}) == digest({"inline": False}) == "65a0551dd6883f3fbdaea0e44d351f3df8748bd1a82e5c33bae277ffe9796494"
+    assert digest({"n_transforms": 1, "min_length": 6, "max_length": 10}) == \
+        "3a1f7709c89456e56ddbef84d16d39281c4734e51c616ea822930f1ba11a7c17"
+    assert "inline" not in FAMILY.difficulty({"inline": False}).model_dump()
+    assert FAMILY.difficulty({"inline": False}).model_dump() == FAMILY.difficulty({}).model_dump()
+    dumped = FAMILY.difficulty({"inline": True, "n_transforms": 2}).model_dump()
+    assert dumped["inline"] is True and FAMILY.difficulty(dumped).inline is True
+    assert json.loads(FAMILY.difficulty({"inline": True}).model_dump_json())["inline"] is True
+    with pytest.raises(ValidationError):
+        FAMILY.difficulty({"inline": "sometimes"})
+
+
+def test_inline_system_prompt_says_the_text_is_in_the_question():
+    plain = FAMILY.eval_format(FAMILY.difficulty({"n_transforms": 2}))
+    inline = FAMILY.eval_format(FAMILY.difficulty({"n_transforms": 2, "inline": True}))
+    assert "First call get_record" in plain.system_prompt
+    assert inline.system_prompt != plain.system_prompt
+    assert "get_record" not in inline.system_prompt.replace("do not need get_record", "")
+    assert "question states" in inline.system_prompt and "transform gives exact results" in inline.system_prompt
+    assert "Answer: <string>" in inline.system_prompt
+    # the tools, answer format and turn budget stay the same
+    assert inline.tools == plain.tools
+    assert (inline.answer_format, inline.max_turns, inline.max_new_tokens) == \
+        (plain.answer_format, plain.max_turns, plain.max_new_tokens)
+
+
+def test_reference_env_honours_inline_from_task_json(tmp_path):
+    knobs = {"n_transforms": 2, "min_length": 6, "max_length": 10, "ops": ["reverse", "upper", "caesar", "replace"],
+             "n_records": 3}
+    plain = _reference_rows_at(tmp_path, knobs, 80)
+    env_plain = import_env(tmp_path / "ws-string_pipeline" / "env.py")
+    assert env_plain.SYSTEM_PROMPT == FAMILY.eval_format(FAMILY.difficulty(knobs)).system_prompt
+    rows = _reference_rows_at(tmp_path, {**knobs, "inline": True}, 120)
+    env_inline = import_env(tmp_path / "ws-string_pipeline" / "env.py")
+    assert env_inline.SYSTEM_PROMPT == FAMILY.eval_format(FAMILY.difficulty({**knobs, "inline": True})).system_prompt
+    assert env_inline.SYSTEM_PROMPT != env_plain.SYSTEM_PROMPT
+    assert len(rows) == 120 and len({r["prompt"] for r in rows}) == 120
+    env = env_inline.Environment()
+    for r in rows:
+        world = r["info"]["world"]
+        rid = world["record_id"]
+        m = INLINE_RE.fullmatch(r["prompt"])
+        assert m and m.group(1) == rid and m.group(2) == world["records"][rid], r["prompt"]
+        assert FAMILY.score(inline_solver(r["prompt"]), r["answer"]) == 1.0
+        assert env_inline.reward_correct(inline_solver(r["prompt"]), r["answer"], r["info"]) == 1.0
+        # the tools still reach the answer from the record
+        env.reset(r["info"])
+        text = env.get_record(rid)
+        for op, arg in parse_prompt(f"Take record {rid}. {m.group(3)}. What is the resulting string?")[1]:
+            text = env.transform(text=text, op=op, arg=arg)
+        assert text == r["answer"]
+    # the same draws as without inline (plain rows skip repeated questions, so they are a subsequence):
+    # only the question's text clause and closing reminder differ
+    by_world = {json.dumps(r["info"], sort_keys=True): r for r in rows}
+    for p in plain:
+        rid = p["info"]["world"]["record_id"]
+        text = p["info"]["world"]["records"][rid]
+        assert INLINE_RE.fullmatch(p["prompt"]) is None and text not in p["prompt"]
+        twin = by_world[json.dumps(p["info"], sort_keys=True)]
+        assert twin["answer"] == p["answer"]
+        stated = p["prompt"].replace(f"Take record {rid}.", f'Take record {rid}, whose text is "{text}".')
+        assert twin["prompt"] == stated + " End your reply with the line 'Answer: <string>'."

@@ -15,6 +15,16 @@ chain; mapping a phrase to an op name and copying the previous result forward th
 times is within reach of a 0.6B-1.7B tool-calling model but error-prone, which should
 land the base score in the weak-but-not-hopeless band. Every step is drawn so that it
 changes the string (no no-op steps), so skipping a step always gives a wrong answer.
+
+Knob `inline` (default false; the same knob in every family): when true the question states
+the record's text ("Take record R7, whose text is \"aB3xY\". Reverse it, ... What is the
+resulting string? End your reply with the line 'Answer: <string>'."), so a model that cannot
+yet chain a fetch into the transforms still has an easy rung (the closing reminder is what makes
+Qwen2.5-Coder-0.5B write an Answer line instead of a tool-call JSON object). The tools stay
+available and behave the same, the gold answer is computed exactly as without it (the same
+draws from the rng), and the system prompt says the text is in the question (get_record is
+optional; transform gives exact results). A false `inline` is left out of the difficulty's
+dump, so existing specs, hidden-set seeds and baselines keyed by the difficulty are unchanged.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ import re
 import string
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from ait.families.base import Example, Family, ToolCall
 from ait.spec import EvalFormat, ToolParam, ToolSpec
@@ -59,6 +69,24 @@ PHRASES = {
     "sort_chars": ["sort its characters", "arrange its characters in ASCII order"],
     "dedupe": ["remove repeated characters, keeping the first of each", "delete duplicate characters"],
 }
+SYSTEM_PROMPT = (
+    "You are a careful assistant that transforms strings with tools. First call "
+    "get_record with the record id from the question to fetch its text. Then apply "
+    "each requested step in order with one transform call, passing the previous "
+    "result as text. When done, reply with the final line 'Answer: <string>', "
+    "copying the last result exactly (case matters)."
+)
+INLINE_SYSTEM_PROMPT = (
+    "You are a careful assistant that transforms strings. The question states the record's "
+    "text, so you do not need get_record. Apply each requested step in order, starting from "
+    "that text. The tools are optional, but transform gives exact results: call it once per "
+    "step, passing the previous result as text. When done, reply with the final line "
+    "'Answer: <string>', copying the final result exactly (case matters)."
+)
+INLINE_REMINDER = " End your reply with the line 'Answer: <string>'."
+"""Closes an inline question: with the tools listed, Qwen2.5-Coder-0.5B otherwise answers an inline
+question with a tool-call JSON object (often with a made-up "return" field) and never writes the
+Answer line; this sentence in the question (not the system prompt) makes it answer."""
 VOWELS = set("aeiouAEIOU")
 ALPHABET = string.ascii_letters + string.digits
 MAX_TEXT = 200  # longest text transform accepts; keeps tool output short
@@ -82,6 +110,13 @@ class StringDifficulty(BaseModel):
     """Rotation amounts and Caesar shifts are drawn from 1..max_shift."""
     n_records: int = Field(default=4, ge=1, le=20)
     """Records in the world (the target plus distractors)."""
+    inline: bool = False
+    """State the target record's text in the question ("Take record R7, whose text is \"aB3xY\". ...",
+    closed by a reminder of the Answer line) instead of leaving it only behind get_record. The tools
+    stay available and behave the same, the gold answer is unchanged, and the system prompt says the
+    text is in the question (tools optional, transform exact). An easy rung for models that cannot
+    yet chain a fetch into further calls. Left out of the dump when false, so specs and hidden-set
+    seeds without it are unchanged."""
 
     @field_validator("ops")
     @classmethod
@@ -98,6 +133,13 @@ class StringDifficulty(BaseModel):
         if self.min_length > self.max_length:
             raise ValueError("min_length must not exceed max_length")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_false_inline(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if not self.inline:
+            data.pop("inline", None)
+        return data
 
 
 # ---------------------------------------------------------------- pure transforms
@@ -232,6 +274,9 @@ class StringPipeline(Family):
             value = out
         chain = ", then ".join(phrases)
         prompt = f"Take record {target}. {chain[0].upper()}{chain[1:]}. What is the resulting string?"
+        if d.inline:
+            prompt = (f'Take record {target}, whose text is "{records[target]}". {chain[0].upper()}{chain[1:]}. '
+                      f"What is the resulting string?{INLINE_REMINDER}")
         world = {"records": records, "record_id": target, "steps": steps}
         return Example(prompt=prompt, world=world, answer=value)
 
@@ -315,13 +360,7 @@ class StringPipeline(Family):
         d = StringDifficulty.model_validate(difficulty.model_dump())
         op_lines = "; ".join(f"{op}: {OP_HELP[op]}" for op in OPS)
         return EvalFormat(
-            system_prompt=(
-                "You are a careful assistant that transforms strings with tools. First call "
-                "get_record with the record id from the question to fetch its text. Then apply "
-                "each requested step in order with one transform call, passing the previous "
-                "result as text. When done, reply with the final line 'Answer: <string>', "
-                "copying the last result exactly (case matters)."
-            ),
+            system_prompt=INLINE_SYSTEM_PROMPT if d.inline else SYSTEM_PROMPT,
             tools=[
                 ToolSpec(
                     name="get_record",

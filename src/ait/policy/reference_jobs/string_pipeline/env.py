@@ -3,7 +3,9 @@
 Training prompts mimic the task's phrasing at the task's own difficulty (task.json beside
 this file: transforms, string lengths, ops, shifts, records); without task.json, 2-4
 transforms of 10-16 character strings, so short chains teach the pattern before long
-ones. Each row's info carries the world ({"world": {"records": ...}})
+ones. When the task is inline (task.json's difficulty "inline": true) each prompt states the
+record's text and ends with a reminder of the Answer line, as the task's questions do, and the
+system prompt says so (the tools stay the same). Each row's info carries the world ({"world": {"records": ...}})
 that the tools read. Rewards give full credit for the exact final string in the eval's
 format, partial credit for a near miss (so a weak model gets a gradient), and a little
 for writing an 'Answer:' line at all.
@@ -16,13 +18,21 @@ import re
 import string
 from pathlib import Path
 
-SYSTEM_PROMPT = (
+TOOL_SYSTEM_PROMPT = (
     "You are a careful assistant that transforms strings with tools. First call "
     "get_record with the record id from the question to fetch its text. Then apply "
     "each requested step in order with one transform call, passing the previous "
     "result as text. When done, reply with the final line 'Answer: <string>', "
     "copying the last result exactly (case matters)."
 )
+INLINE_SYSTEM_PROMPT = (
+    "You are a careful assistant that transforms strings. The question states the record's "
+    "text, so you do not need get_record. Apply each requested step in order, starting from "
+    "that text. The tools are optional, but transform gives exact results: call it once per "
+    "step, passing the previous result as text. When done, reply with the final line "
+    "'Answer: <string>', copying the final result exactly (case matters)."
+)
+INLINE_REMINDER = " End your reply with the line 'Answer: <string>'."  # closes an inline question
 
 OPS = ["reverse", "upper", "lower", "rotate_left", "rotate_right", "replace", "drop_vowels", "every_other",
        "caesar", "sort_chars", "dedupe"]
@@ -170,6 +180,15 @@ def task_difficulty() -> dict:
     return difficulty if isinstance(difficulty, dict) else {}
 
 
+def _inline(difficulty):
+    """Whether the task states the record's text in the question (knob "inline", false by default)."""
+    flag = difficulty.get("inline", False)
+    return flag is True or (isinstance(flag, str) and flag.strip().lower() == "true")
+
+
+SYSTEM_PROMPT = INLINE_SYSTEM_PROMPT if _inline(task_difficulty()) else TOOL_SYSTEM_PROMPT
+
+
 def _knob(difficulty, name, lo, hi):
     """An integer knob clamped to [lo, hi], or None when the task does not set it (or garbles it)."""
     try:
@@ -213,8 +232,8 @@ def _step(rng, value, ops, max_shift):
 def _problem(rng: random.Random, difficulty: dict) -> dict:
     """One problem at the task's knobs (the family's meaning: n_transforms steps after the fetch,
     record strings of min_length..max_length characters, steps drawn from ops, rotations and
-    Caesar shifts of 1..max_shift, n_records records in the world); a knob the task leaves out
-    keeps this env's own range."""
+    Caesar shifts of 1..max_shift, n_records records in the world, the record's text in the
+    question when inline); a knob the task leaves out keeps this env's own range."""
     n_records = _knob(difficulty, "n_records", 1, 20) or 4
     lo = _knob(difficulty, "min_length", 1, 40) or 10
     hi = max(_knob(difficulty, "max_length", 1, 40) or 16, lo)
@@ -230,6 +249,9 @@ def _problem(rng: random.Random, difficulty: dict) -> dict:
         phrases.append(phrase)
     chain = ", then ".join(phrases)
     prompt = f"Take record {target}. {chain[0].upper()}{chain[1:]}. What is the resulting string?"
+    if _inline(difficulty):
+        prompt = (f'Take record {target}, whose text is "{records[target]}". {chain[0].upper()}{chain[1:]}. '
+                  f"What is the resulting string?{INLINE_REMINDER}")
     return {"prompt": prompt, "answer": value, "info": {"world": {"records": records, "record_id": target}}}
 
 
