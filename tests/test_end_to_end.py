@@ -136,6 +136,7 @@ def test_failure_classification():
     assert classify_failure(outcome(None, timed_out=True)) is FailReason.timeout
     assert classify_failure(outcome(3)) is FailReason.oom
     assert classify_failure(outcome(1, log="torch.OutOfMemoryError: CUDA out of memory")) is FailReason.oom
+    assert classify_failure(outcome(1, log="torch.AcceleratorError: CUDA error: out of memory")) is FailReason.oom
     assert classify_failure(outcome(-9)) is FailReason.oom
     assert classify_failure(outcome(-15)) is FailReason.killed
     assert classify_failure(outcome(1, log="ValueError: x")) is FailReason.crash

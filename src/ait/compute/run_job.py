@@ -25,10 +25,16 @@ from ait.train.models import ModelResolutionError, resolve_base_model
 EVAL_TIMEOUT_S = 3600.0
 
 
+# What an out-of-memory death prints: torch's OutOfMemoryError, a plain MemoryError, and the driver's
+# "CUDA error: out of memory" (torch.AcceleratorError, raised when even moving the weights to the GPU
+# fails: seen on an H200 shared with another program's jobs).
+OOM_MARKERS = ("OutOfMemoryError", "MemoryError", "CUDA error: out of memory", "CUDA out of memory")
+
+
 def classify_failure(outcome: RunOutcome) -> FailReason:
     if outcome.timed_out:
         return FailReason.timeout
-    if outcome.returncode == EXIT_OOM or "OutOfMemoryError" in outcome.log_tail or "MemoryError" in outcome.log_tail:
+    if outcome.returncode == EXIT_OOM or any(m in outcome.log_tail for m in OOM_MARKERS):
         return FailReason.oom
     if outcome.returncode is not None and outcome.returncode < 0:
         # SIGKILL from outside is usually the kernel's OOM killer; other signals are kills.
