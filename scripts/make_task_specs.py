@@ -23,7 +23,10 @@ def constraints(time_budget_s: float = 600.0) -> Constraints:
 
 
 def specs() -> dict[str, str]:
-    out = {name: build_spec(name, constraints=constraints()) for name in FAMILIES}
+    # Each family at its calibrated rung (Family.calibrated): weak but not hopeless for the base
+    # models in scope, so an untrained score leaves room for uplift.
+    out = {name: build_spec(name, difficulty=dict(f.calibrated) or None, constraints=constraints())
+           for name, f in FAMILIES.items()}
     # A fast variant for smoke runs: shorter chains, a smaller hidden set, a tighter budget.
     out["calc_chain_fast"] = build_spec("calc_chain", task_id="calc_chain_fast", difficulty={"n_ops": 2},
                                         constraints=constraints(time_budget_s=120.0), hidden_eval_size=64)

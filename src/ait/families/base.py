@@ -37,6 +37,11 @@ class Family(ABC):
 
     name: str
     held_out: bool = False
+    calibrated: dict[str, Any] = {}
+    """Knobs of the shipped task spec (scripts/make_task_specs.py): the rung at which the stronger
+    base model in scope scored about 0.2-0.7 untrained on a GPU (bench/calibrate.py;
+    docs/measurements/calibration-h200.json). {} = the Difficulty model's defaults, the family at
+    full strength."""
     description: str
     Difficulty: type[BaseModel]
 

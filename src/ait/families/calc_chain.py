@@ -126,6 +126,7 @@ def exact_divisors(value: int, lo: int, hi: int) -> list[int]:
 
 class CalcChain(Family):
     name = "calc_chain"
+    calibrated = {"n_ops": 1, "operand_min": 2, "operand_max": 99, "operators": "+-*"}  # Qwen2.5-Coder-0.5B 0.525, n=200
     description = (
         "Chained arithmetic: start from a number and apply a sequence of operations with "
         "large operands. The model must use the calculator tool once per step and report "

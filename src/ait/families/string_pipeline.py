@@ -250,6 +250,8 @@ def unanswer(text: str) -> str:
 
 class StringPipeline(Family):
     name = "string_pipeline"
+    calibrated = {"n_transforms": 1, "min_length": 6, "max_length": 10, "ops": ["reverse", "upper", "lower"],
+                  "inline": True}  # Qwen2.5-Coder-0.5B 0.290, n=200
     description = (
         "Composed string transforms: fetch a stored string by its record id (the string is "
         "not in the prompt), then apply a named sequence of transforms (reverse, rotate, "

@@ -428,6 +428,8 @@ INLINE_SYSTEM_PROMPT = (
 class Triage(Family):
     name = "triage"
     held_out = True
+    calibrated = {"n_services": 4, "depth": 1, "n_distractor_deploys": 1, "n_background_deploys": 0, "log_noise": 0,
+                  "inline": True}  # Qwen2.5-Coder-0.5B 0.200, n=200
     description = (
         "On-call incident triage: given an incident on one service, find the deploy that caused it. "
         "The model must query alerts, follow the service dependency graph and the logs (callers only "
