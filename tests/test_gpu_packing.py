@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from ait.compute.gpu_memory import GpuLedger, estimate_job_gib
 from ait.compute.local import LocalExecutor, slot_envs
 from ait.job.types import FailReason, JobResult
@@ -40,7 +42,12 @@ def test_a_lone_job_always_starts_even_above_the_estimate():
         assert not held.shared
 
 
-def test_an_oom_while_packed_is_rerun_alone(tmp_path):
+@pytest.mark.parametrize("reason,error", [
+    (FailReason.oom, "CUDA out of memory"),
+    # Under MPS a fault in one client tears down every client on the GPU (seen on the H200).
+    (FailReason.crash, "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"),
+])
+def test_an_oom_or_gpu_fault_while_packed_is_rerun_alone(tmp_path, reason, error):
     calls, running, lock = [], [0], threading.Lock()
     together = threading.Barrier(2, timeout=30)  # the first attempts overlap for sure
 
@@ -57,7 +64,7 @@ def test_an_oom_while_packed_is_rerun_alone(tmp_path):
         with lock:
             running[0] -= 1
         if job.job_id == "big" and not alone:
-            return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.oom, error="CUDA out of memory")
+            return JobResult(job_id=job.job_id, ok=False, fail_reason=reason, error=error)
         return JobResult(job_id=job.job_id, ok=True)
 
     ex = LocalExecutor(slot_envs(2, ["0"], jobs_per_gpu=2), job_fn=job_fn, capacity_gib={"0": 1000.0})
@@ -72,6 +79,19 @@ def test_an_oom_while_packed_is_rerun_alone(tmp_path):
     assert results["big"].ok and results["big"].metrics["pack/retried_alone"] == 1.0
     assert results["small"].ok and "pack/retried_alone" not in results["small"].metrics
     assert [c for c in calls if c[0] == "big"][-1][1] == 1  # the retry ran with nobody beside it
+
+
+def test_an_ordinary_crash_while_packed_is_not_rerun(tmp_path):
+    calls = []
+
+    def job_fn(job, env):
+        calls.append(job.job_id)
+        return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.crash, error="ValueError: bad env.py")
+
+    ex = LocalExecutor(slot_envs(2, ["0"], jobs_per_gpu=2), job_fn=job_fn, capacity_gib={"0": 1000.0})
+    with ex.ledger.reserve("0", 1.0):  # a neighbour holds the GPU: the job runs shared
+        result = ex.run(reference_job(tmp_path))
+    assert not result.ok and calls == [result.job_id] and "pack/retried_alone" not in result.metrics
 
 
 def test_estimates_grow_with_the_job(tmp_path):

@@ -158,7 +158,9 @@ class LocalExecutor:
     """`ait episode --executor local`: run the job in a slot of a pool shared by every
     episode of this process, so concurrent episodes never share a GPU they were not packed on.
     Jobs packed on one GPU are admitted by estimated memory (ait.compute.gpu_memory); a packed
-    job that runs out of memory is re-run alone, so packing never fails a job that fits alone."""
+    job that runs out of memory, or dies of a GPU fault, is re-run alone, so packing never fails a
+    job that fits and runs alone: under CUDA MPS a fatal fault in any one client (an illegal memory
+    access, say) tears down every client on that GPU, so a packed job can die of a neighbour's bug."""
 
     def __init__(self, slots: list[dict[str, str]], job_fn: JobFn = run_job_in_slot,
                  capacity_gib: dict[str, float | None] | None = None) -> None:
@@ -182,7 +184,7 @@ class LocalExecutor:
             need = estimate_gib(job, int(env.get(LOGIT_BUDGET_ENV, LOGIT_BUDGET)))
             with self.ledger.reserve(gpu, need) as held:
                 result = self.job_fn(job, env)
-            if result.fail_reason == FailReason.oom and held.shared:
+            if held.shared and (result.fail_reason == FailReason.oom or gpu_fault(result)):
                 with self.ledger.reserve(gpu, need, exclusive=True):
                     result = self.job_fn(job, env)
                 result.metrics["pack/retried_alone"] = 1.0
@@ -190,6 +192,15 @@ class LocalExecutor:
             return result
         finally:
             self._free.put(env)
+
+
+GPU_FAULT_MARKERS = ("illegal memory access", "cudaErrorIllegalAddress", "unspecified launch failure",
+                     "fatal GPU error", "CUDA error: misaligned address")
+
+
+def gpu_fault(result: JobResult) -> bool:
+    """The job crashed with a CUDA fault (its own or, under MPS, a neighbour's)."""
+    return not result.ok and any(m in (result.error or "") for m in GPU_FAULT_MARKERS)
 
 
 def estimate_gib(job: Job, logit_budget: int = LOGIT_BUDGET) -> float:
