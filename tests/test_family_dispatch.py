@@ -523,3 +523,204 @@ def test_the_reference_env_trains_at_the_tasks_difficulty(tmp_path):
     old = _reference_rows_at(tmp_path, None)
     assert {len(r["info"]["world"]["rules"]) for r in old} == set(range(3, 8))
     assert {len(r["info"]["world"]["attributes"]) for r in old} == set(range(3, 7))
+
+
+# ---------------------------------------------------------------- inline: the rule table and request in the question
+
+INLINE_KNOBS = [
+    {"inline": True},
+    {"inline": True, "n_rules": 2, "conditions_per_rule": 1, "n_attributes": 5, "near_misses": 0},
+    {"inline": True, "n_rules": 2, "conditions_per_rule": 1, "n_attributes": 2, "near_misses": 0},
+    {"inline": True, "n_rules": 3, "conditions_per_rule": 2, "n_attributes": 4, "near_misses": 1},
+    {"inline": True, "n_rules": 12, "conditions_per_rule": 4, "n_attributes": 8, "near_misses": 11},
+    {"inline": True, "n_rules": 8, "near_misses": 3, "n_targets": 3},
+]
+EASY_INLINE = {"inline": True, "n_rules": 2, "conditions_per_rule": 1, "n_attributes": 5, "near_misses": 0}
+INLINE_REQ_RE = re.compile(r"Request (REQ-\d{4}): (.+)")
+INLINE_RULE_RE = re.compile(r"rule (\d+): if (.+) -> queue (\S+)")
+INLINE_DEFAULT_RE = re.compile(r"If no rule matches: default queue (\S+)")
+
+
+def parse_inline(prompt: str) -> tuple[list[str], dict, list, str]:
+    """(target ids in the question, their attributes, rules in order, default queue) read from the text alone."""
+    lines = prompt.split("\n")
+    ids = re.findall(r"REQ-\d{4}", lines[0])
+    requests, rules, default = {}, [], None
+    for line in lines[1:]:
+        if m := INLINE_REQ_RE.fullmatch(line):
+            attrs = {}
+            for pair in m.group(2).split(", "):
+                k, v = pair.split("=")
+                attrs[k] = int(v) if v.isdigit() else v
+            requests[m.group(1)] = attrs
+        elif m := INLINE_RULE_RE.fullmatch(line):
+            assert int(m.group(1)) == len(rules) + 1, line  # numbered, in order
+            conds = []
+            for part in m.group(2).split(" and "):
+                cm = COND_RE.fullmatch(part)
+                assert cm, part
+                conds.append((cm.group(1), cm.group(2), json.loads(cm.group(3))))
+            rules.append((conds, m.group(3)))
+        elif m := INLINE_DEFAULT_RE.fullmatch(line):
+            default = m.group(1)
+    assert ids and rules and default, prompt
+    return ids, requests, rules, default
+
+
+def inline_solver(prompt: str) -> str:
+    """Reads only the inline question (no tools, no world): routes each stated request through the stated table."""
+    ids, requests, rules, default = parse_inline(prompt)
+    queues = []
+    for rid in ids:
+        queue = default
+        for conds, q in rules:
+            if all(cond_ok(requests[rid][a], op, val) for a, op, val in conds):
+                queue = q
+                break
+        queues.append(queue)
+    return Counter(queues).most_common(1)[0][0]
+
+
+def test_inline_prompt_states_the_rules_and_the_request():
+    for knobs in INLINE_KNOBS:
+        for ex in examples(knobs, 40, seed=30):
+            w = ex.world
+            ids, requests, rules, default = parse_inline(ex.prompt)
+            assert ids == w["targets"]
+            assert requests == {rid: w["requests"][rid] for rid in w["targets"]}  # only the targets
+            assert [q for _, q in rules] == [r["queue"] for r in w["rules"]]
+            assert [[(c["attr"], c["op"], c["value"]) for c in r["conditions"]] for r in w["rules"]] == \
+                [conds for conds, _ in rules]
+            assert default == w["default_queue"]
+
+
+def test_inline_prompt_alone_reaches_the_gold_answer():
+    """An independent solver that reads only the inline question (never the tools or the world)
+    solves every example across many seeds and knob settings."""
+    for knobs in INLINE_KNOBS:
+        for seed in range(5):
+            for ex in examples(knobs, 40, seed=100 + seed):
+                assert FAMILY.score(f"Answer: {inline_solver(ex.prompt)}", ex.answer) == 1.0, ex.prompt
+
+
+def test_inline_solver_fails_on_plain_prompts_and_a_scrambled_table():
+    """The solver really depends on the stated table: without it, or with the rules reordered, it fails."""
+    for ex in examples({}, 5, seed=32):
+        with pytest.raises(AssertionError):
+            inline_solver(ex.prompt)
+    wrong = 0
+    for ex in examples(EASY_INLINE, 60, seed=33):
+        head, *rest = ex.prompt.split("\n")
+        rule_lines = [line for line in rest if line.startswith("rule ")]
+        swapped = {rule_lines[0]: rule_lines[1].replace("rule 2:", "rule 1:"),
+                   rule_lines[1]: rule_lines[0].replace("rule 1:", "rule 2:")}
+        scrambled = "\n".join([head] + [swapped.get(line, line) for line in rest])
+        wrong += FAMILY.score(f"Answer: {inline_solver(scrambled)}", ex.answer) == 0.0
+    assert wrong >= 10
+
+
+def test_inline_changes_only_the_question():
+    """Same seed and knobs: the inline example has the same world and gold answer; its prompt is the
+    plain question followed by the table, and the tools answer exactly as for the plain example."""
+    for knobs in INLINE_KNOBS:
+        plain_knobs = {k: v for k, v in knobs.items() if k != "inline"}
+        plain = examples(plain_knobs, 40, seed=31)
+        inline = examples(knobs, 40, seed=31)
+        for p, q in zip(plain, inline):
+            assert q.world == p.world and q.answer == p.answer
+            assert q.prompt.startswith(p.prompt + "\n") and q.prompt.split("\n")[0] == p.prompt
+            call, _ = bound_call(q.world)
+            assert FAMILY.score(f"Answer: {solve_by_checking(q.prompt.split(chr(10))[0], call)}", q.answer) == 1.0
+
+
+def test_inline_prompts_are_short_at_easy_rungs():
+    for knobs in INLINE_KNOBS[1:4]:
+        for ex in examples(knobs, 100, seed=34):
+            assert len(ex.prompt) < 700 and len(ex.prompt.split()) < 120, ex.prompt  # well under 350 tokens
+
+
+def test_inline_answers_are_not_degenerate_at_easy_rungs(registered):
+    """A constant strategy (always the default queue, always rule 1's queue) must not score well."""
+    for knobs in INLINE_KNOBS[1:4]:
+        exs = hidden(knobs)
+        where = Counter()
+        for ex in exs:
+            w = ex.world
+            queues = [r["queue"] for r in w["rules"]]
+            where["default" if ex.answer == w["default_queue"] else queues.index(ex.answer) + 1] += 1
+        assert max(where.values()) / len(exs) < 0.45, (knobs, where)
+        assert where["default"] / len(exs) < 0.45, (knobs, where)
+
+
+def test_non_inline_examples_and_dump_are_unchanged():
+    """Pinned from the family before the inline knob existed: the same seed gives byte-identical
+    examples and eval formats, and a false inline stays out of the dump (spec difficulty, hidden-set seed)."""
+    import hashlib
+
+    def digest(obj) -> str:
+        return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+    pinned = {
+        json.dumps({}): "e7a22a16289863bf",
+        json.dumps({"n_rules": 2, "conditions_per_rule": 1, "n_attributes": 5, "near_misses": 0}): "c0eecbec64cdb6a8",
+        json.dumps({"n_targets": 3, "n_rules": 8}): "eedd2f099c890f65",
+    }
+    for key, want in pinned.items():
+        knobs = json.loads(key)
+        for k in (knobs, {**knobs, "inline": False}):
+            exs = examples(k, 60, seed=17)
+            assert digest([[e.prompt, e.world, e.answer] for e in exs]) == want, k
+        assert "inline" not in FAMILY.difficulty({**knobs, "inline": False}).model_dump()
+    assert FAMILY.difficulty({"inline": True}).model_dump()["inline"] is True
+    for knobs, want in [({}, "7eaea0e9a4c20d27"), ({"n_targets": 2}, "d83d2866845c362d")]:
+        fmt = FAMILY.eval_format(FAMILY.difficulty({**knobs, "inline": False})).model_dump_json()
+        assert hashlib.sha256(fmt.encode()).hexdigest()[:16] == want
+    spec = build_spec("dispatch", difficulty={"inline": False}, constraints=CONSTRAINTS)
+    assert spec.difficulty == build_spec("dispatch", constraints=CONSTRAINTS).difficulty
+    assert "inline" not in spec.difficulty
+
+
+def test_inline_system_prompt_says_the_rules_are_in_the_question():
+    for extra in ({}, {"n_targets": 2}):
+        plain = FAMILY.eval_format(FAMILY.difficulty(extra))
+        inline = FAMILY.eval_format(FAMILY.difficulty({**extra, "inline": True}))
+        assert plain.system_prompt != inline.system_prompt
+        assert "only available through the tools" in plain.system_prompt
+        assert "only available through the tools" not in inline.system_prompt
+        assert "The question states the rules, the default queue and the request's attributes" in inline.system_prompt
+        assert "optional" in inline.system_prompt
+        assert "Answer: <queue name>" in inline.system_prompt
+        # the tools, answer format and turn budget stay the same
+        assert inline.tools == plain.tools and inline.answer_format == plain.answer_format
+        assert inline.max_turns == plain.max_turns and inline.max_new_tokens >= plain.max_new_tokens
+    assert "receives the most" in FAMILY.eval_format(FAMILY.difficulty({"inline": True, "n_targets": 2})).system_prompt
+
+
+def test_reference_env_honours_inline_from_task_json(tmp_path):
+    from ait.job.env_loader import import_env
+
+    knobs = {"n_rules": 3, "conditions_per_rule": 2, "n_attributes": 4, "near_misses": 1}
+    plain = _reference_rows_at(tmp_path, knobs, 100)
+    rows = _reference_rows_at(tmp_path, {**knobs, "inline": True}, 100)
+    env = import_env(tmp_path / "ws-dispatch" / "env.py")  # the workspace with the inline task.json
+    assert env.SYSTEM_PROMPT == FAMILY.eval_format(FAMILY.difficulty({**knobs, "inline": True})).system_prompt
+    assert len(rows) == 100
+    for p, r in zip(plain, rows):
+        world = r["info"]["world"]
+        assert r["info"] == p["info"] and r["answer"] == p["answer"]
+        assert r["prompt"].startswith(p["prompt"] + "\n")
+        ids, requests, rules, default = parse_inline(r["prompt"])
+        assert ids == world["targets"] and default == world["default_queue"] and len(rules) == 3
+        assert inline_solver(r["prompt"]) == r["answer"] == expected_answer(world)
+    # the family writes the same table for the same world
+    ex = examples({**knobs, "inline": True}, 1, seed=0)[0]
+    env_text = env._inline_text(ex.world)
+    assert ex.prompt.endswith("\n" + env_text)
+    # without inline: the rows and the system prompt are as before (pinned from the env before the knob)
+    import hashlib
+
+    again = _reference_rows_at(tmp_path, knobs, 50)
+    assert hashlib.sha256(json.dumps(again, sort_keys=True).encode()).hexdigest()[:16] == "7b78d286a2d0811d"
+    env = import_env(tmp_path / "ws-dispatch" / "env.py")
+    assert env.SYSTEM_PROMPT == FAMILY.eval_format(FAMILY.difficulty(knobs)).system_prompt
+    assert "only available through the tools" in env.SYSTEM_PROMPT

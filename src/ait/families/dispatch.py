@@ -3,9 +3,21 @@
 "Route request REQ-4821: which queue does it go to?" The world holds a rule table (an
 ordered list of rules, each a conjunction of attribute conditions such as
 `priority >= 3 and region == "eu" -> escalations`, plus a default queue) and a few
-requests with attributes. Neither the rules nor the request is in the prompt: the model
-must read them through the tools (`get_request`, `count_rules`, `get_rule`) and reason,
-or walk the table with `check_rule` until a rule matches.
+requests with attributes. By default neither the rules nor the request is in the prompt:
+the model must read them through the tools (`get_request`, `count_rules`, `get_rule`) and
+reason, or walk the table with `check_rule` until a rule matches.
+
+`inline` (the same knob in every family, default False): the question itself states the
+target requests' attributes and the rule table (numbered, in order, each rule's conditions
+and queue, then the default queue), compactly, and ends with a line asking for the reply
+'Answer: <queue name>' without a tool call (untrained Qwen2.5-Coder-0.5B otherwise tends to
+answer in tool-call JSON: the chat template's tool block comes after the system prompt).
+The tools stay available and behave the same; the world and the gold answer are exactly
+those of the non-inline example drawn from the same rng state (the inline text consumes no
+randomness); the system prompt says the rules and request are in the question (tools
+optional). It turns the task into reading and applying a short table, for base models that
+never call a tool on their own. When False, prompts, examples and the difficulty's dump are
+exactly as before (the dump omits `inline` when it is False, so hidden-eval seeds do not move).
 
 Generation builds the rules around the target request: rules before the matching one
 fail for it (`near_misses` of them on exactly one condition, so a careless reading goes
@@ -30,7 +42,7 @@ import re
 from collections import Counter
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from ait.families.base import Example, Family, ToolCall
 from ait.spec import EvalFormat, ToolParam, ToolSpec
@@ -64,6 +76,19 @@ PROMPTS_MANY = [
     "Route requests {ids}. Which queue receives the most of these requests?",
     "Route each of the requests {ids} with the routing rules and report the queue that receives the most of them.",
 ]
+INLINE_SYSTEM_PROMPT = (  # str.format: {what}
+    "You are a routing assistant. Requests are routed by an ordered rule table: rules "
+    "are checked in order, the first rule whose conditions all hold decides the queue, "
+    "and a request no rule matches goes to the default queue. The question states the "
+    "rules, the default queue and the request's attributes, so you can answer from the "
+    "question alone (the tools read the same data and are optional). Compare each rule's "
+    "conditions with the request's values, rule by rule, and stop at the first rule whose "
+    "conditions all hold. End with the final line 'Answer: <queue name>' naming {what}."
+)
+INLINE_TAIL_ONE = ("Reply with one line 'Answer: <queue name>', the queue of the first rule that holds "
+                   "(else the default queue); do not call a tool.")
+INLINE_TAIL_MANY = ("Reply with one line 'Answer: <queue name>', the queue that receives the most of these "
+                    "requests (each goes to the first rule that holds, else the default queue); do not call a tool.")
 ANSWER_RE = re.compile(r"answer\s*[:=]\s*(.*)", re.IGNORECASE)
 ID_RE = re.compile(r"REQ-\d{4}")
 
@@ -81,6 +106,18 @@ class DispatchDifficulty(BaseModel):
     """Rules before the matching one that fail on exactly one condition (the match comes after them)."""
     n_targets: int = Field(default=1, ge=1, le=3)
     """Requests to route; above 1 the answer is the queue that receives the most of them."""
+    inline: bool = False
+    """The question states the target requests' attributes and the rule table (numbered, in
+    order, conditions and queue, plus the default queue), then asks for the 'Answer:' line; the
+    tools stay available and optional, the world and gold answer are unchanged. Same knob name in every family. Omitted from the dump when
+    False, so existing specs and hidden-eval seeds are unchanged."""
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):  # type: ignore[no-untyped-def]
+        data = handler(self)
+        if isinstance(data, dict) and not self.inline:
+            data.pop("inline", None)
+        return data
 
     @model_validator(mode="after")
     def _bounds(self) -> "DispatchDifficulty":
@@ -126,6 +163,20 @@ def fmt_condition(cond: dict[str, Any]) -> str:
 def fmt_rule(index: int, rule: dict[str, Any]) -> str:
     conds = " and ".join(fmt_condition(c) for c in rule["conditions"])
     return f"rule {index}: if {conds} -> queue {rule['queue']}"
+
+
+def inline_text(world: dict[str, Any]) -> str:
+    """The rule table and the target requests, compactly, for an inline question."""
+    order = world["attributes"]
+    lines = []
+    for rid in world["targets"]:
+        attrs = world["requests"][rid]
+        lines.append(f"Request {rid}: " + ", ".join(f"{a}={attrs[a]}" for a in order))
+    lines.append("Rules, checked in order (the first rule whose conditions all hold decides):")
+    lines += [fmt_rule(i, rule) for i, rule in enumerate(world["rules"], start=1)]
+    lines.append(f"If no rule matches: default queue {world['default_queue']}")
+    lines.append(INLINE_TAIL_MANY if len(world["targets"]) > 1 else INLINE_TAIL_ONE)
+    return "\n".join(lines)
 
 
 def first_match(world: dict[str, Any], request_id: str) -> str:
@@ -342,6 +393,8 @@ class Dispatch(Family):
             prompt = rng.choice(PROMPTS_MANY).format(ids=ids)
         answer = mode_queue([first_match(world, t) for t in targets])
         assert answer is not None
+        if d.inline:  # consumes no randomness: same world and answer as the non-inline example
+            prompt = f"{prompt}\n{inline_text(world)}"
         return Example(prompt=prompt, world=world, answer=answer)
 
     def _world(self, rng: random.Random, d: DispatchDifficulty) -> dict[str, Any] | None:
@@ -420,8 +473,10 @@ class Dispatch(Family):
     def eval_format(self, difficulty: BaseModel) -> EvalFormat:
         d = DispatchDifficulty.model_validate(difficulty.model_dump())
         what = "the queue that receives the most of the requests" if d.n_targets > 1 else "the queue"
-        return EvalFormat(
-            system_prompt=(
+        if d.inline:
+            system_prompt = INLINE_SYSTEM_PROMPT.format(what=what)
+        else:
+            system_prompt = (
                 "You are a routing assistant. Requests are routed by an ordered rule table: rules "
                 "are checked in order, the first rule whose conditions all hold decides the queue, "
                 "and a request no rule matches goes to the default queue. The rules and the "
@@ -429,7 +484,9 @@ class Dispatch(Family):
                 "for rule 1, 2, 3, ... until one matches (or read rules with get_rule and requests "
                 f"with get_request). When done, reply with the final line 'Answer: <queue name>' "
                 f"naming {what}."
-            ),
+            )
+        return EvalFormat(
+            system_prompt=system_prompt,
             tools=[
                 ToolSpec(
                     name="get_request",
@@ -470,5 +527,5 @@ class Dispatch(Family):
             ],
             answer_format="The last line of the final reply is 'Answer: <queue name>', e.g. 'Answer: billing-support'.",
             max_turns=min(32, d.n_targets * d.n_rules + 2),
-            max_new_tokens=128,
+            max_new_tokens=256 if d.inline else 128,  # inline: one reply holds all the reasoning
         )

@@ -3,7 +3,10 @@
 The world (rules, default queue, requests) rides in each row's info as info["world"];
 the tools read it exactly as the eval's tools do. Tables follow the task's difficulty
 (task.json beside this file: rules, conditions per rule, request attributes, near
-misses); without task.json, 3-7 rules of 1-3 conditions over 3-6 attributes. Rewards:
+misses, inline); without task.json, 3-7 rules of 1-3 conditions over 3-6 attributes. With
+"inline": true in the task's difficulty, each question also states the rule table, the
+default queue and the request's attributes (the family's inline style), and the system
+prompt says so (the tools stay available and optional). Rewards:
 full credit for the right queue in the eval's format, partial credit for naming a queue
 that exists in the table (so a weak model learns to read the tools), and a little for
 the answer format.
@@ -14,7 +17,7 @@ import random
 import re
 from pathlib import Path
 
-SYSTEM_PROMPT = (
+TOOLS_SYSTEM_PROMPT = (
     "You are a routing assistant. Requests are routed by an ordered rule table: rules "
     "are checked in order, the first rule whose conditions all hold decides the queue, "
     "and a request no rule matches goes to the default queue. The rules and the "
@@ -23,6 +26,17 @@ SYSTEM_PROMPT = (
     "with get_request). When done, reply with the final line 'Answer: <queue name>' "
     "naming the queue."
 )
+INLINE_SYSTEM_PROMPT = (
+    "You are a routing assistant. Requests are routed by an ordered rule table: rules "
+    "are checked in order, the first rule whose conditions all hold decides the queue, "
+    "and a request no rule matches goes to the default queue. The question states the "
+    "rules, the default queue and the request's attributes, so you can answer from the "
+    "question alone (the tools read the same data and are optional). Compare each rule's "
+    "conditions with the request's values, rule by rule, and stop at the first rule whose "
+    "conditions all hold. End with the final line 'Answer: <queue name>' naming the queue."
+)
+INLINE_TAIL = ("Reply with one line 'Answer: <queue name>', the queue of the first rule that holds "
+               "(else the default queue); do not call a tool.")
 
 ATTRS = {
     "priority": (1, 5),
@@ -180,6 +194,14 @@ def task_difficulty() -> dict:
     return difficulty if isinstance(difficulty, dict) else {}
 
 
+def _inline(difficulty):
+    """The task's `inline` knob: true only when task.json says so."""
+    return (difficulty or {}).get("inline") is True
+
+
+SYSTEM_PROMPT = INLINE_SYSTEM_PROMPT if _inline(task_difficulty()) else TOOLS_SYSTEM_PROMPT
+
+
 def _knob(difficulty, name, lo, hi):
     """An integer knob clamped to [lo, hi], or None when the task does not set it (or garbles it)."""
     try:
@@ -194,6 +216,21 @@ def _condition_with(rng, attr, value, want):
         cond = _condition(rng, attr)
         if _holds(cond, value) == want:
             return cond
+
+
+def _inline_text(world):
+    """The request's attributes and the rule table, as the family's inline questions write them."""
+    lines = []
+    for rid in world["targets"]:
+        attrs = world["requests"][rid]
+        lines.append(f"Request {rid}: " + ", ".join(f"{a}={attrs[a]}" for a in world["attributes"]))
+    lines.append("Rules, checked in order (the first rule whose conditions all hold decides):")
+    for i, rule in enumerate(world["rules"], start=1):
+        conds = " and ".join(_cond_text(c) for c in rule["conditions"])
+        lines.append(f"rule {i}: if {conds} -> queue {rule['queue']}")
+    lines.append(f"If no rule matches: default queue {world['default_queue']}")
+    lines.append(INLINE_TAIL)
+    return "\n".join(lines)
 
 
 def _problem(rng, difficulty=None):
@@ -237,6 +274,8 @@ def _problem(rng, difficulty=None):
     world = {"attributes": attrs, "rules": rules, "default_queue": rng.choice(DEFAULTS),
              "requests": dict(items), "targets": [ids[0]]}
     prompt = rng.choice(TEMPLATES).format(rid=ids[0])
+    if _inline(difficulty):  # no randomness used: the same rows as without inline, plus the table
+        prompt += "\n" + _inline_text(world)
     return {"prompt": prompt, "answer": _route(world, ids[0]), "info": {"world": world}}
 
 
