@@ -24,7 +24,7 @@ from transformers.utils import get_json_schema
 
 import ait.families
 from ait.families import ToolCall, build_spec
-from ait.families.multi_hop import MultiHop
+from ait.families.multi_hop import MultiHop, render_inline
 from ait.spec import Constraints
 from tests.reference_rows import reference_rows_at
 
@@ -516,3 +516,182 @@ def test_the_reference_env_trains_at_the_tasks_difficulty(tmp_path):
     assert {len(parse_prompt(r["prompt"])[1]) for r in old} == {1, 2, 3}
     sizes = {len(r["info"]["world"]["people"]) for r in old}
     assert len(sizes) > 3 and min(sizes) >= 16 and max(sizes) <= 30
+
+
+# ---------------------------------------------------------------- inline (the directory in the question)
+
+FACT_RE = re.compile(rf"{NAME}'s ([a-z]+(?: [a-z]+)*) is (.+)")
+TRAILER_RE = re.compile(rf"Reply with one sentence per step, like \"{NAME}'s ([a-z ]+) is <name>\.((?: <name>'s \.\.\. "
+                        r"is <name>\.)*) <name>'s \.\.\. is \.\.\.\", then the final line 'Answer: <value>' \(the value alone\)\.")
+INLINE_KNOBS = [
+    {"inline": True, "hops": 1, "n_people": 8, "n_similar": 0},
+    {"inline": True, "hops": 1, "n_people": 6, "n_relations": 1, "n_attributes": 1, "n_similar": 0},
+    {"inline": True, "hops": 2, "n_people": 12, "n_similar": 2},
+    {"inline": True},
+    {"inline": True, "hops": 6, "n_people": 80, "n_relations": 5, "n_attributes": 8, "n_similar": 40},
+]
+
+
+def parse_inline(prompt: str) -> tuple[str, dict[str, dict[str, str]]]:
+    """(question, {name: {field: value}}) read from an inline prompt's text alone."""
+    head, sep, tail = prompt.rpartition("\n\nQuestion: ")
+    assert sep, prompt
+    question, trailer = tail.split("\n")
+    m = TRAILER_RE.fullmatch(trailer)
+    assert m, trailer
+    start, rels, _, _ = parse_prompt(question)
+    assert (m.group(1), field_of(m.group(2))) == (start, rels[0])  # the reply format names the first step
+    assert m.group(3).count("<name>'s") == len(rels) - 1  # ...and has one sentence per lookup
+    header, *lines = head.split("\n")
+    assert header.startswith("Directory") and header.endswith(":"), header
+    rows: dict[str, dict[str, str]] = {}
+    for line in lines:
+        assert line.endswith("."), line
+        facts = [FACT_RE.fullmatch(f) for f in line[:-1].split("; ")]
+        assert all(facts) and len({f.group(1) for f in facts}) == 1, line
+        rows[facts[0].group(1)] = {field_of(f.group(2)): f.group(3) for f in facts}
+    return question, rows
+
+
+def solve_from_text(prompt: str) -> str:
+    """An independent solver that sees only the inline prompt (no tools, no world)."""
+    question, rows = parse_inline(prompt)
+    name, rels, attr, _ = parse_prompt(question)
+    for r in rels:
+        name = rows[name][r]
+    return f"Answer: {rows[name][attr]}"
+
+
+@pytest.mark.parametrize("knobs", INLINE_KNOBS)
+def test_inline_prompt_holds_the_chain_rows(knobs):
+    d = FAMILY.difficulty(knobs)
+    sizes = Counter()
+    for ex in examples(knobs, 60, seed=41):
+        question, rows = parse_inline(ex.prompt)
+        start, rels, attr, _ = parse_prompt(question)
+        people = ex.world["people"]
+        path = walk(ex.world, start, rels)
+        for p in path:  # every person on the chain, with their full row as the tools see it
+            assert rows[p] == people[p], (p, ex.prompt)
+        assert all(rows[n] == people[n] for n in rows)
+        assert list(rows) == [n for n in people if n in rows]  # directory order
+        sizes[len(rows)] += 1
+        if d.n_people <= 6:
+            assert len(rows) == d.n_people and ex.prompt.startswith("Directory:\n")
+        else:  # the chain plus a few distractors, never the whole of a big directory
+            assert len(rows) == max(6, d.hops + 4) and ex.prompt.startswith("Directory (the entries you need):\n")
+    assert len(sizes) == 1
+
+
+def test_inline_distractors_include_near_duplicate_names():
+    near = 0
+    for ex in examples({"inline": True, "hops": 2, "n_people": 24, "n_similar": 8}, 60, seed=42):
+        question, rows = parse_inline(ex.prompt)
+        start, rels, _, _ = parse_prompt(question)
+        path = walk(ex.world, start, rels)
+        near += any(n not in path and (n.split()[0] in {p.split()[0] for p in path}
+                                       or n.split()[1] in {p.split()[1] for p in path}) for n in rows)
+    assert near >= 45, near
+
+
+def test_inline_examples_are_deterministic():
+    for knobs in INLINE_KNOBS:
+        a, b = examples(knobs, 30, seed=44), examples(knobs, 30, seed=44)
+        assert [e.model_dump() for e in a] == [e.model_dump() for e in b]
+
+
+@pytest.mark.parametrize("knobs", INLINE_KNOBS)
+def test_text_only_solver_reaches_gold_on_inline_prompts(knobs):
+    exs = [ex for seed in range(5) for ex in examples(knobs, 40, seed=900 + seed)]
+    assert all(FAMILY.score(solve_from_text(ex.prompt), ex.answer) == 1.0 for ex in exs)
+    # ...and the rows matter: the start person's own row gives the wrong answer every time
+    for ex in exs:
+        question, rows = parse_inline(ex.prompt)
+        start, _, attr, _ = parse_prompt(question)
+        assert FAMILY.score(f"Answer: {rows[start][attr]}", ex.answer) == 0.0
+
+
+def test_inline_on_hidden_set(monkeypatch, tmp_path):
+    from ait.evals.hidden import hidden_examples
+
+    monkeypatch.setenv("AIT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("AIT_HIDDEN_SEED", "multi-hop-test-secret")
+    spec = build_spec("multi_hop", difficulty={"inline": True, "hops": 2, "n_people": 10}, constraints=CONSTRAINTS)
+    assert spec.difficulty["inline"] is True
+    exs = hidden_examples(spec)
+    assert sum(FAMILY.score(solve_from_text(ex.prompt), ex.answer) for ex in exs) == 200
+    for d in spec.dev_examples:
+        assert FAMILY.score(solve_from_text(d.prompt), d.answer) == 1.0
+
+
+@pytest.mark.parametrize("knobs", [{}, {"hops": 1, "n_people": 8, "n_similar": 0},
+                                   {"hops": 4, "n_people": 40, "n_relations": 5, "n_attributes": 8, "n_similar": 10}])
+def test_inline_keeps_world_question_and_answer(knobs):
+    """Same rng state: the inline example is the non-inline one with rows above the question; tools agree."""
+    plain = examples(knobs, 40, seed=43)
+    inline = examples({**knobs, "inline": True}, 40, seed=43)
+    for p, i in zip(plain, inline):
+        assert i.world == p.world and i.answer == p.answer
+        assert parse_inline(i.prompt)[0] == p.prompt and f"\n\nQuestion: {p.prompt}\nReply with" in i.prompt
+        assert FAMILY.gold_trace(i) == FAMILY.gold_trace(p)
+        for c in FAMILY.gold_trace(i):
+            assert FAMILY.call_tool(i.world, c) == FAMILY.call_tool(p.world, c)
+    # non-inline prompts are the bare question (the family's original phrasing)
+    assert all(not p.prompt.startswith("Directory") and "\n" not in p.prompt for p in plain)
+    assert FAMILY.difficulty({**knobs, "inline": False}).model_dump() == FAMILY.difficulty(knobs).model_dump()
+
+
+def test_inline_false_leaves_specs_and_hidden_seeds_unchanged(monkeypatch, tmp_path):
+    from ait.evals.hidden import eval_fingerprint
+
+    monkeypatch.setenv("AIT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("AIT_HIDDEN_SEED", "multi-hop-test-secret")
+    base = build_spec("multi_hop", constraints=CONSTRAINTS)
+    off = build_spec("multi_hop", difficulty={"inline": False}, constraints=CONSTRAINTS)
+    on = build_spec("multi_hop", difficulty={"inline": True}, constraints=CONSTRAINTS)
+    assert "inline" not in base.difficulty and off.model_dump_json() == base.model_dump_json()
+    assert on.difficulty == {**base.difficulty, "inline": True}
+    assert eval_fingerprint(on) != eval_fingerprint(base) == eval_fingerprint(off)
+    committed = json.loads((REPO / "examples" / "tasks" / "multi_hop.json").read_text())
+    assert committed["difficulty"] == base.difficulty
+    assert committed["eval_format"]["system_prompt"] == base.eval_format.system_prompt
+    assert [d["prompt"] for d in committed["dev_examples"]] == [d.prompt for d in base.dev_examples]
+
+
+def test_inline_system_prompt_says_the_directory_is_in_the_question():
+    plain = FAMILY.eval_format(FAMILY.difficulty({}))
+    inline = FAMILY.eval_format(FAMILY.difficulty({"inline": True}))
+    assert plain.system_prompt != inline.system_prompt
+    assert "in the question" not in plain.system_prompt and "optional" not in plain.system_prompt
+    assert "question lists the directory" in inline.system_prompt and "optional" in inline.system_prompt
+    assert "Answer: <value>" in inline.system_prompt
+    # the tools, answer format and budget are the same
+    assert inline.model_dump(exclude={"system_prompt"}) == plain.model_dump(exclude={"system_prompt"})
+
+
+def test_inline_reference_env_trains_on_inline_prompts(tmp_path):
+    knobs = {"inline": True, "hops": 2, "n_people": 12, "n_relations": 2, "n_attributes": 3, "n_similar": 2}
+    rows = _reference_rows_at(tmp_path, knobs, 120)
+    assert len(rows) == 120
+    spec_prompt = FAMILY.eval_format(FAMILY.difficulty(knobs)).system_prompt
+    for r in rows:
+        world = r["info"]["world"]
+        question, shown = parse_inline(r["prompt"])
+        start, rels, attr, _ = parse_prompt(question)
+        path = walk(world, start, rels)
+        assert len(rels) == 2 and len(world["people"]) == 12 and len(shown) == 6
+        assert all(shown[p] == world["people"][p] for p in path)
+        assert FAMILY.score(solve_from_text(r["prompt"]), r["answer"]) == 1.0
+        assert r["answer"] == my_norm(world["people"][path[-1]][attr])
+        assert r["prompt"] == render_inline(question, world)  # the family's inline style, row for row
+    small = _reference_rows_at(tmp_path, {**knobs, "n_people": 6}, 40)
+    assert all(len(parse_inline(r["prompt"])[1]) == 6 and r["prompt"].startswith("Directory:\n") for r in small)
+    # the env's system prompt follows task.json; without inline (or without task.json) it is the tools one
+    from ait.job.env_loader import import_env
+
+    ws = tmp_path / "ws-multi_hop"
+    assert import_env(ws / "env.py").SYSTEM_PROMPT == spec_prompt
+    for plain in ({k: v for k, v in knobs.items() if k != "inline"}, None):
+        rows = _reference_rows_at(tmp_path, plain, 40)
+        assert all("\n" not in r["prompt"] and parse_prompt(r["prompt"]) for r in rows)
+        assert import_env(ws / "env.py").SYSTEM_PROMPT == FAMILY.eval_format(FAMILY.difficulty({})).system_prompt

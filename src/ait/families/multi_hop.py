@@ -22,6 +22,26 @@ with names copied between them is within reach of a small instruction-tuned mode
 easy to fumble (wrong relation order, stopping after one hop, mangled names), so an
 untrained 0.6B-1.7B model should land in the weak-but-not-hopeless range. Attribute
 pools have >= 20 values each, so guessing without tools scores about 5% or less.
+
+Knob `inline` (default False; the same knob name in every family): the question itself
+carries the directory rows it needs, one line per person written as possessive facts
+("Ann Lee's mentor is Bo Park; Ann Lee's city is Velmora."), under a "Directory:" header,
+then "Question: ..." and a one-line reply format with one sentence per lookup, the first
+naming the start and its relation (one hop: "Reply with one sentence per step, like \"Ann
+Lee's mentor is <name>. <name>'s ... is ...\", then the final line 'Answer: <value>' (the
+value alone)."; each further hop adds "<name>'s ... is <name>."). The fact phrasing makes
+each step the model writes ("Bo Park's city is") occur verbatim in the directory, which a
+0.5B model can follow where it cannot follow "name: field = value" rows (Qwen2.5-Coder-0.5B,
+one hop, first turn: 0/10 with those rows, 4/10 with these); without one sentence per hop in
+the format it stops after the first hop. Rows shown: everyone when n_people <= INLINE_ROWS,
+else the chain's people, then people whose names share a first name or surname with them
+(the n_similar distractors), then other people, up to max(INLINE_ROWS, hops + 4) rows, in
+directory order: a few distractors keep the model reading names while the prompt stays
+short (Qwen tokens: about 200 with 2 fields per person, 340 with 4, 550 with the default 7).
+World, question, gold answer and tools are exactly those of the non-inline example drawn
+from the same rng state (the rows are picked with a private rng seeded from the query, so
+inline never shifts the main rng); the eval format's system prompt says the directory is in
+the question and the tools are optional. inline=False is the tools-only setting, unchanged.
 """
 
 from __future__ import annotations
@@ -31,7 +51,7 @@ import random
 import re
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from ait.families.base import Example, Family, ToolCall
 from ait.spec import EvalFormat, ToolParam, ToolSpec
@@ -72,8 +92,26 @@ SURNAME_HEADS = ["Var", "Kel", "Dor", "Mal", "Or", "Bren", "Tal", "Ost", "Quin",
 SURNAME_TAILS = ["ga", "wick", "dane", "orin", "ell", "mont", "ova", "ard", "ley", "berg", "ani", "ette",
                  "holm", "ez", "ko", "ridge", "lin", "ask", "urn", "ady"]
 TEMPLATES = ("nested", "follow", "possessive")
+SYSTEM_PROMPT = (
+    "You answer questions about people in a directory, using the lookup tool. "
+    "Questions chain relations: look up one field per call, starting from the named "
+    "person, and use the name each lookup returns as the name in the next lookup. "
+    "When done, reply with the final line 'Answer: <value>'."
+)
+INLINE_SYSTEM_PROMPT = (
+    "You answer questions about people in a directory. The question lists the directory entries you "
+    "need, one line per person, so answer from those lines directly (the tools read the same directory "
+    "and are optional). Questions chain relations: start at the named person's line, read the asked "
+    "field to get the next person's name, go to that person's line, and repeat. End with the final "
+    "line 'Answer: <value>'."
+)
 ANSWER_RE = re.compile(r"answer\s*[:=]\s*(.*)", re.IGNORECASE)
 MAX_SEARCH_RESULTS = 8
+INLINE_ROWS = 6
+"""Inline prompts show every person up to this many, else the chain plus distractors up to max(this, hops + 4)."""
+INLINE_TRAILER = "Reply with one sentence per step, like \"{steps}\", then the final line 'Answer: <value>' (the value alone)."
+"""The reply format: one sentence per lookup, the first naming the start and its relation, e.g. for two hops
+"Ann Lee's mentor is <name>. <name>'s ... is <name>. <name>'s ... is ..." (the hop count, not the later fields)."""
 
 
 class MultiHopDifficulty(BaseModel):
@@ -89,6 +127,18 @@ class MultiHopDifficulty(BaseModel):
     """Attribute fields per person (the question asks for one of them)."""
     n_similar: int = Field(default=4, ge=0, le=40)
     """People whose names are near-duplicates of another person's name (distractors)."""
+    inline: bool = False
+    """True: the question itself lists the directory rows needed (the chain's people plus a few
+    distractors, one line per person) and the system prompt says so; the tools stay available
+    (optional) and the gold answer is unchanged. False: the directory lives only behind the tools.
+    Left out of model_dump() when False, so existing task specs and hidden-set seeds are unchanged."""
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):  # type: ignore[no-untyped-def]
+        data = handler(self)
+        if isinstance(data, dict) and not self.inline:
+            data.pop("inline", None)
+        return data
 
     @model_validator(mode="after")
     def _sizes(self) -> "MultiHopDifficulty":
@@ -234,6 +284,45 @@ def render_prompt(template: str, start: str, relations: list[str], attribute: st
     raise ValueError(f"unknown template {template!r}")
 
 
+def similar_names(name: str, other: str) -> bool:
+    """Whether two different names share a first name or a surname (the near-duplicates of generate_names)."""
+    a, b = name.split(" "), other.split(" ")
+    return name != other and (a[0] == b[0] or a[1] == b[1])
+
+
+def inline_rows(people: dict[str, dict[str, str]], query: dict[str, Any]) -> list[str]:
+    """The names whose rows an inline prompt shows, in directory order (see the module docstring)."""
+    names = list(people)
+    if len(names) <= INLINE_ROWS:
+        return names
+    path = follow(people, query["start"], query["relations"])
+    cap = max(INLINE_ROWS, len(path) + 3)
+    local = random.Random("|".join([query["start"], *query["relations"], query["attribute"], str(len(names))]))
+    rest = [n for n in names if n not in path]
+    local.shuffle(rest)
+    similar = [n for n in rest if any(similar_names(n, p) for p in path)]
+    others = [n for n in rest if n not in similar]
+    chosen = set(path + (similar + others)[: cap - len(path)])
+    return [n for n in names if n in chosen]
+
+
+def render_row(name: str, row: dict[str, str], fields: list[str]) -> str:
+    """One person's line as possessive facts: "Ann Lee's mentor is Bo Park; Ann Lee's city is Velmora."
+    The name is repeated per field so that a step written as "Bo Park's city is" occurs verbatim."""
+    return "; ".join(f"{name}'s {display(f)} is {row[f]}" for f in fields) + "."
+
+
+def render_inline(question: str, world: dict[str, Any]) -> str:
+    people, fields, query = world["people"], world["fields"], world["query"]
+    shown = inline_rows(people, query)
+    header = "Directory:" if len(shown) == len(people) else "Directory (the entries you need):"
+    rows = "\n".join(render_row(n, people[n], fields) for n in shown)
+    first = f"{query['start']}'s {display(query['relations'][0])} is <name>."
+    steps = " ".join([first] + ["<name>'s ... is <name>."] * (len(query["relations"]) - 1) + ["<name>'s ... is ..."])
+    trailer = INLINE_TRAILER.format(steps=steps)
+    return f"{header}\n{rows}\n\nQuestion: {question}\n{trailer}"
+
+
 class MultiHop(Family):
     name = "multi_hop"
     description = (
@@ -267,8 +356,10 @@ class MultiHop(Family):
                     continue
                 template = rng.choice(TEMPLATES)
                 world["query"] = {"start": start, "relations": relations, "attribute": attribute}
-                return Example(prompt=render_prompt(template, start, relations, attribute), world=world,
-                               answer=normalize_answer(answer))
+                prompt = render_prompt(template, start, relations, attribute)
+                if d.inline:
+                    prompt = render_inline(prompt, world)
+                return Example(prompt=prompt, world=world, answer=normalize_answer(answer))
         raise RuntimeError(f"multi_hop: no valid question found at difficulty {d.model_dump()}")
 
     def tools(self, world: dict[str, Any]) -> list[Callable[..., str]]:
@@ -291,12 +382,7 @@ class MultiHop(Family):
     def eval_format(self, difficulty: BaseModel) -> EvalFormat:
         d = MultiHopDifficulty.model_validate(difficulty.model_dump())
         return EvalFormat(
-            system_prompt=(
-                "You answer questions about people in a directory, using the lookup tool. "
-                "Questions chain relations: look up one field per call, starting from the named "
-                "person, and use the name each lookup returns as the name in the next lookup. "
-                "When done, reply with the final line 'Answer: <value>'."
-            ),
+            system_prompt=INLINE_SYSTEM_PROMPT if d.inline else SYSTEM_PROMPT,
             tools=[
                 ToolSpec(
                     name="lookup",

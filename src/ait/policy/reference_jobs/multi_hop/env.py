@@ -8,6 +8,13 @@ relation and attribute fields, near-duplicate names); without task.json, 1-3 hop
 credit for the exact final value, partial credit for the value reached after some but
 not all hops (so a weak model that does one hop right still gets a gradient), and a
 little for ending with an 'Answer:' line.
+
+When task.json sets `inline: true`, prompts put the directory rows in the question the way
+the family does ("Directory:" lines "Name's field is value; ...", then "Question: ..." and a
+one-sentence-per-hop reply format naming the first step; every
+person up to INLINE_ROWS, else the chain's people, same-first-name or same-surname people,
+then others, up to max(INLINE_ROWS, hops + 4), in directory order) and SYSTEM_PROMPT is the
+inline one (tools optional). The tools and rewards are the same either way.
 """
 
 import difflib
@@ -16,11 +23,18 @@ import random
 import re
 from pathlib import Path
 
-SYSTEM_PROMPT = (
+TOOLS_SYSTEM_PROMPT = (
     "You answer questions about people in a directory, using the lookup tool. "
     "Questions chain relations: look up one field per call, starting from the named "
     "person, and use the name each lookup returns as the name in the next lookup. "
     "When done, reply with the final line 'Answer: <value>'."
+)
+INLINE_SYSTEM_PROMPT = (
+    "You answer questions about people in a directory. The question lists the directory entries you "
+    "need, one line per person, so answer from those lines directly (the tools read the same directory "
+    "and are optional). Questions chain relations: start at the named person's line, read the asked "
+    "field to get the next person's name, go to that person's line, and repeat. End with the final "
+    "line 'Answer: <value>'."
 )
 
 RELATIONS = ["manager", "mentor", "best_friend", "neighbor", "dentist"]
@@ -59,6 +73,7 @@ SURNAME_HEADS = ["Var", "Kel", "Dor", "Mal", "Or", "Bren", "Tal", "Ost", "Quin",
 SURNAME_TAILS = ["ga", "wick", "dane", "orin", "ell", "mont", "ova", "ard", "ley", "berg", "ani", "ette",
                  "holm", "ez", "ko", "ridge", "lin", "ask", "urn", "ady"]
 MAX_SEARCH_RESULTS = 8
+INLINE_ROWS = 6
 
 
 def _key(text):
@@ -141,6 +156,14 @@ def task_difficulty() -> dict:
     return difficulty if isinstance(difficulty, dict) else {}
 
 
+def _inline(difficulty):
+    """Whether the task puts the directory rows in the question (task.json's `inline`; off when absent)."""
+    return difficulty.get("inline") is True
+
+
+SYSTEM_PROMPT = INLINE_SYSTEM_PROMPT if _inline(task_difficulty()) else TOOLS_SYSTEM_PROMPT
+
+
 def _knob(difficulty, name, lo, hi):
     """An integer knob clamped to [lo, hi], or None when the task does not set it (or garbles it)."""
     try:
@@ -184,6 +207,29 @@ def _prompt(rng, start, relations, attribute):
     return f"What is {chain}?"
 
 
+def _inline_prompt(question, people, fields, start, relations, attribute):
+    """The question with the directory rows it needs above it (the family's inline style)."""
+    names = list(people)
+    shown = names
+    if len(names) > INLINE_ROWS:
+        path = _follow(people, start, relations)
+        local = random.Random("|".join([start, *relations, attribute, str(len(names))]))
+        rest = [n for n in names if n not in path]
+        local.shuffle(rest)
+        firsts = {p.split(" ")[0] for p in path}
+        lasts = {p.split(" ")[1] for p in path}
+        similar = [n for n in rest if n.split(" ")[0] in firsts or n.split(" ")[1] in lasts]
+        others = [n for n in rest if n not in similar]
+        chosen = set(path + (similar + others)[: max(INLINE_ROWS, len(path) + 3) - len(path)])
+        shown = [n for n in names if n in chosen]
+    header = "Directory:" if len(shown) == len(names) else "Directory (the entries you need):"
+    lines = ["; ".join(f"{n}'s {f.replace('_', ' ')} is {people[n][f]}" for f in fields) + "." for n in shown]
+    steps = " ".join([f"{start}'s {relations[0].replace('_', ' ')} is <name>."]
+                     + ["<name>'s ... is <name>."] * (len(relations) - 1) + ["<name>'s ... is ..."])
+    trailer = f"Reply with one sentence per step, like \"{steps}\", then the final line 'Answer: <value>' (the value alone)."
+    return header + "\n" + "\n".join(lines) + "\n\nQuestion: " + question + "\n" + trailer
+
+
 def _problem(rng, difficulty):
     """One question at the task's knobs (the family's meaning: hops = relations followed before
     the attribute; n_people, n_relations, n_attributes, n_similar = the directory's shape);
@@ -212,7 +258,10 @@ def _problem(rng, difficulty):
             if len(set(path)) == len(path):
                 world = {"people": people, "fields": relations_pool + attributes,
                          "query": {"start": start, "relations": relations, "attribute": attribute}}
-                return {"prompt": _prompt(rng, start, relations, attribute),
+                prompt = _prompt(rng, start, relations, attribute)
+                if _inline(difficulty):
+                    prompt = _inline_prompt(prompt, people, world["fields"], start, relations, attribute)
+                return {"prompt": prompt,
                         "answer": _normalize(people[path[-1]][attribute]), "info": {"world": world}}
     return None
 
