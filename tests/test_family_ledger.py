@@ -502,3 +502,185 @@ def test_the_reference_env_trains_at_the_tasks_difficulty(tmp_path):
     assert {len(r["info"]["world"]["accounts"]) for r in old} == {2, 3, 4}
     assert {len(r["info"]["world"]["transactions"]) for r in old} == set(range(6, 13))
     assert {r["info"]["world"]["question"]["type"] for r in old} == {"balance", "net_change"}
+
+
+# ---------------------------------------------------------------- inline: the data stated in the question
+
+
+EASY = {"n_accounts": 2, "min_transactions": 2, "max_transactions": 4, "fee_frequency": 0.0,
+        "overdraft_probability": 0.0, "questions": "balance"}
+TX_LINE = re.compile(r"^#(\d+) (?:deposit (\d+) into (\w+)|withdraw (\d+) from (\w+)|transfer (\d+) from (\w+) to (\w+)"
+                     r"|fee (\d+)% on (\w+))$", re.MULTILINE)
+
+
+def read_inline(prompt: str) -> dict:
+    """The ledger as the prompt states it (opening balances, numbered transactions), from the text alone."""
+    opening = re.search(r"Opening balances: ([^\n]*?)\. Transactions", prompt).group(1)
+    accounts = {name: int(v) for name, v in re.findall(r"(\w+)=(-?\d+)", opening)}
+    txs = []
+    for k, (i, dep, dep_a, wd, wd_a, tr, tr_a, tr_to, pct, fee_a) in enumerate(TX_LINE.findall(prompt), 1):
+        assert int(i) == k, prompt
+        if dep:
+            txs.append({"kind": "deposit", "account": dep_a, "amount": int(dep)})
+        elif wd:
+            txs.append({"kind": "withdrawal", "account": wd_a, "amount": int(wd)})
+        elif tr:
+            txs.append({"kind": "transfer", "account": tr_a, "to": tr_to, "amount": int(tr)})
+        else:
+            txs.append({"kind": "fee", "account": fee_a, "percent": int(pct)})
+    return {"accounts": accounts, "transactions": txs}
+
+
+def solve_inline(prompt: str) -> str:
+    """No tools: read the stated ledger and simulate it by the stated rules."""
+    return str(expected_answer(prompt, read_inline(prompt)))
+
+
+def test_inline_knob_defaults_off_and_is_left_out_of_the_dump_until_set():
+    assert FAMILY.difficulty({}).inline is False
+    assert FAMILY.difficulty({"inline": False}).model_dump() == FAMILY.difficulty({}).model_dump()
+    assert "inline" not in FAMILY.difficulty({}).model_dump_json()
+    on = FAMILY.difficulty({**EASY, "inline": True})
+    assert on.model_dump() == {**EASY, "inline": True}
+    assert FAMILY.difficulty(on.model_dump()) == on
+    with pytest.raises(ValidationError):
+        FAMILY.difficulty({"inline": "sometimes"})
+
+
+@pytest.mark.parametrize("knobs", [EASY, {}, ALL_Q, {**ALL_Q, "n_accounts": 6, "min_transactions": 20,
+                                                     "max_transactions": 20, "fee_frequency": 0.5,
+                                                     "overdraft_probability": 0.8}])
+def test_inline_prompt_states_the_tools_data(knobs):
+    """Same seed, same ledger, same answer: inline only adds the opening balances and the listing."""
+    plain, inline = examples(knobs, 60, seed=41), examples({**knobs, "inline": True}, 60, seed=41)
+    for p, ex in zip(plain, inline):
+        assert ex.world == p.world and ex.answer == p.answer
+        call = bound_call(ex.world)
+        for name, value in ex.world["accounts"].items():
+            assert f"{name}={value}" in ex.prompt
+            assert call("get_balance", account=name).endswith(f": {value} (before transaction #1)")
+        for line in call("list_transactions").splitlines()[1:]:
+            assert f"\n{line}\n" in ex.prompt, (line, ex.prompt)
+        assert read_inline(ex.prompt) == {k: ex.world[k] for k in ("accounts", "transactions")}
+        # the same head and ask as the tool-only prompt, with the rules that apply to this listing
+        head, rest = p.prompt.split(" After processing all of its transactions in order (")
+        assert ex.prompt.startswith(head + " Opening balances: ")
+        ask = rest.split("rounded down), ")[1]
+        assert f"After processing all of them in order, {ask} " in ex.prompt
+        assert ex.prompt.endswith("Think step by step, then end with the line 'Answer: <integer>'.")
+        kinds = {t["kind"] for t in ex.world["transactions"]}
+        assert ("would make a balance negative is rejected" in ex.prompt) == bool(kinds & {"withdrawal", "transfer"})
+        assert ("percent of the account's current balance, rounded down" in ex.prompt) == ("fee" in kinds)
+        assert FAMILY.gold_trace(ex) == FAMILY.gold_trace(p)
+
+
+def test_inline_prompts_are_short_at_the_easy_rungs():
+    for knobs in (EASY, {**EASY, "max_transactions": 6, "n_accounts": 3}):
+        longest = max(len(ex.prompt) for ex in examples({**knobs, "inline": True}, 200, seed=42))
+        assert longest < 1000, longest  # well under ~350 tokens (words and numbers: ~3.5 chars a token)
+
+
+@pytest.mark.parametrize("knobs", [EASY, {}, ALL_Q, {**ALL_Q, "n_accounts": 5, "min_transactions": 14,
+                                                     "max_transactions": 20, "fee_frequency": 0.5,
+                                                     "overdraft_probability": 0.6}])
+def test_inline_prompt_alone_reaches_every_gold_answer(knobs):
+    exs = examples({**knobs, "inline": True}, 300, seed=43)
+    assert {e.world["question"]["type"] for e in exs} == set(FAMILY.difficulty(knobs).question_types())
+    for ex in exs:
+        assert solve_inline(ex.prompt) == ex.answer, ex.prompt
+    # and the same reading fails on the tool-only prompt: it carries no data
+    for ex in examples(knobs, 20, seed=43):
+        with pytest.raises(AttributeError):
+            solve_inline(ex.prompt)
+
+
+def test_inline_hidden_set_is_solvable_from_the_prompt_alone(monkeypatch):
+    spec, exs = hidden_set(monkeypatch, "ledger-inline-test", {**ALL_Q, "inline": True})
+    assert spec.difficulty["inline"] is True
+    assert all(FAMILY.score(f"Answer: {solve_inline(e.prompt)}", e.answer) == 1.0 for e in exs)
+    # the tools still reach the same answers
+    assert all(FAMILY.score(f"Answer: {solve(e.prompt, bound_call(e.world))}", e.answer) == 1.0 for e in exs)
+
+
+def test_non_inline_examples_and_format_are_unchanged():
+    """Pinned before the knob existed: examples (prompts, worlds, answers) and the eval format."""
+    import hashlib
+
+    def digest(obj) -> str:
+        return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+    pinned = {
+        "default": ({}, "17e1aaa9e5ec6ac9f0a594caf759fb95dc86693eeffc8a40c06a5b73a9cb2f23",
+                    "f470d0d702d8f57e9a24f1778bc7a3f8ff427cc1088f9ac1edff0f448ab0d8e4"),
+        "wide": ({**ALL_Q, "n_accounts": 5, "max_transactions": 20},
+                 "25c8f25450e5ebdaf3e75e112189f3cf14a94c4eab5f4fd469ff117b366bc338",
+                 "99c4fd4457c42d14c0104fbc6aeeab9216e4220a0eb0ba5444c5795a35bfb222"),
+    }
+    for name, (knobs, ex_digest, fmt_digest) in pinned.items():
+        for k in (knobs, {**knobs, "inline": False}):
+            d = FAMILY.difficulty(k)
+            rng = random.Random(2024)
+            assert digest([FAMILY.example(rng, d).model_dump() for _ in range(40)]) == ex_digest, name
+            assert hashlib.sha256(FAMILY.eval_format(d).model_dump_json().encode()).hexdigest() == fmt_digest, name
+    for ex in examples({**ALL_Q, "inline": False}, 50, seed=44):
+        assert re.findall(r"\d+", ex.prompt) == [ex.world["ledger"][1:]] and "Opening balances" not in ex.prompt
+
+
+def test_system_prompt_says_where_the_data_is():
+    plain = FAMILY.eval_format(FAMILY.difficulty(EASY))
+    inline = FAMILY.eval_format(FAMILY.difficulty({**EASY, "inline": True}))
+    committed = json.loads((REPO / "examples" / "tasks" / "ledger.json").read_text())["eval_format"]
+    assert plain.system_prompt == committed["system_prompt"]
+    assert "not in the question" in plain.system_prompt
+    assert "not in the question" not in inline.system_prompt
+    assert "question states" in inline.system_prompt and "optional" in inline.system_prompt
+    assert "Answer: <integer>" in inline.system_prompt
+    # the fee rule only where fees can occur
+    assert "rounded down" not in inline.system_prompt and "would make a balance negative" in inline.system_prompt
+    with_fees = FAMILY.eval_format(FAMILY.difficulty({**EASY, "fee_frequency": 0.1, "inline": True}))
+    assert "a fee takes the given percent" in with_fees.system_prompt
+    # the same tools, answer format and turns; more room to write the working out
+    assert (inline.model_dump(exclude={"system_prompt", "max_new_tokens"})
+            == plain.model_dump(exclude={"system_prompt", "max_new_tokens"}))
+    assert plain.max_new_tokens == 128 and inline.max_new_tokens >= 256
+
+
+def test_the_reference_env_honours_inline(tmp_path):
+    from ait.job.env_loader import import_env
+
+    env_path = tmp_path / "ws-ledger" / "env.py"
+    for knobs in (EASY, {**ALL_Q, "n_accounts": 4, "min_transactions": 6, "max_transactions": 10,
+                         "fee_frequency": 0.3, "overdraft_probability": 0.4}):
+        rows = _reference_rows_at(tmp_path, {**knobs, "inline": True}, n=150)
+        assert len(rows) == 150
+        for r in rows:
+            world = r["info"]["world"]
+            assert read_inline(r["prompt"]) == {k: world[k] for k in ("accounts", "transactions")}, r["prompt"]
+            assert solve_inline(r["prompt"]) == r["answer"] == str(expected_answer(r["prompt"], world))
+            assert solve(r["prompt"], bound_call(world)) == r["answer"]  # the tools still work
+        env_mod = import_env(env_path)
+        assert env_mod.SYSTEM_PROMPT == FAMILY.eval_format(FAMILY.difficulty({**knobs, "inline": True})).system_prompt
+        # the same knobs without inline: no data in the prompt, the tools-only system prompt
+        rows = _reference_rows_at(tmp_path, knobs, n=50)
+        assert all("Opening balances" not in r["prompt"] and "#1 " not in r["prompt"] for r in rows)
+        assert all(re.findall(r"\d+", r["prompt"]) == [r["info"]["world"]["ledger"][1:]] for r in rows)
+        assert import_env(env_path).SYSTEM_PROMPT == FAMILY.eval_format(FAMILY.difficulty(knobs)).system_prompt
+    assert load_ref_env().SYSTEM_PROMPT == FAMILY.eval_format(FAMILY.difficulty({})).system_prompt
+
+
+def test_single_transaction_ledgers():
+    """min_transactions may be 1 (the easiest inline rungs): gold answers, tools and the inline reading agree."""
+    knobs = {**ALL_Q, "min_transactions": 1, "max_transactions": 1, "fee_frequency": 0.3}
+    for inline in (False, True):
+        exs = examples({**knobs, "inline": inline}, 120, seed=45)
+        assert {e.world["question"]["type"] for e in exs} == set(QUESTION_TYPES_ALL)
+        for ex in exs:
+            assert len(ex.world["transactions"]) == 1
+            assert ex.answer == str(expected_answer(ex.prompt, ex.world)) == solve(ex.prompt, bound_call(ex.world))
+            if inline:
+                assert solve_inline(ex.prompt) == ex.answer
+    with pytest.raises(ValidationError):
+        FAMILY.difficulty({"min_transactions": 0})
+
+
+QUESTION_TYPES_ALL = ("balance", "net_change", "rejected", "fees")

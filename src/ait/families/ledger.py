@@ -30,6 +30,16 @@ attempts 20% of the time, questions `balance,net_change`. Reasoning: the default
 small untrained model can manage sometimes (opening balance trap, wrong index, misreading
 the line) but not reliably; `rejected` and `fees` need a call per transaction and are
 left as harder knobs (their small-integer answers would also make guessing too easy).
+
+`inline` (default false) is the easiest knob: the question itself states what the tools
+would return, the opening balances and the numbered transaction list in the tools' own
+wording ("Opening balances: cash=300, checking=1200. Transactions, in order: #1 deposit
+200 into cash; ..."), and the system prompt says so (the tools stay available and behave
+the same; the gold answer is computed the same way). It is for models that cannot yet run
+multi-turn tool use: the problem becomes reading a short list and doing the arithmetic.
+The ledger drawn for a seed does not depend on it (only the wording does), and `inline`
+is left out of the difficulty's dump while false, so non-inline task specs, hidden-set
+seeds and examples are exactly what they were before the knob existed.
 """
 
 from __future__ import annotations
@@ -38,15 +48,17 @@ import random
 import re
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from ait.families.base import Example, Family, ToolCall
 from ait.spec import EvalFormat, ToolParam, ToolSpec
 
 ACCOUNT_NAMES = ["checking", "savings", "cash", "travel", "rent", "payroll", "reserve", "groceries"]
 QUESTION_TYPES = ("balance", "net_change", "rejected", "fees")
-RULES = ("a withdrawal or transfer that would make a balance negative is rejected and skipped; "
-         "a fee takes the given percent of the account's current balance, rounded down")
+RULE_OVERDRAFT = "a withdrawal or transfer that would make a balance negative is rejected and skipped"
+RULE_FEE = "a fee takes the given percent of the account's current balance, rounded down"
+RULES = f"{RULE_OVERDRAFT}; {RULE_FEE}"
+INLINE_ASK = "Think step by step, then end with the line 'Answer: <integer>'."
 ANSWER_RE = re.compile(r"answer\s*[:=]\s*([+\-−]?)\s*\$?\s*([+\-−]?)\s*(\d[\d,]*)(\.\d+)?", re.IGNORECASE)
 ANSWER_LINE_RE = re.compile(r"answer\s*[:=]", re.IGNORECASE)
 
@@ -56,9 +68,9 @@ class LedgerDifficulty(BaseModel):
 
     n_accounts: int = Field(default=3, ge=2, le=6)
     """Accounts in the ledger."""
-    min_transactions: int = Field(default=8, ge=2, le=20)
+    min_transactions: int = Field(default=8, ge=1, le=20)
     """Fewest transactions in a ledger."""
-    max_transactions: int = Field(default=12, ge=2, le=20)
+    max_transactions: int = Field(default=12, ge=1, le=20)
     """Most transactions in a ledger (the count is drawn uniformly in between)."""
     fee_frequency: float = Field(default=0.15, ge=0.0, le=0.5)
     """Probability that a transaction is a percentage fee."""
@@ -67,6 +79,18 @@ class LedgerDifficulty(BaseModel):
     questions: str = Field(default="balance,net_change",
                            pattern=r"^(balance|net_change|rejected|fees)(,(balance|net_change|rejected|fees))*$")
     """Comma-separated question types drawn uniformly: balance, net_change, rejected, fees."""
+    inline: bool = False
+    """State the data in the question: the opening balances and the numbered transaction list
+    (what get_balance and list_transactions return) are written into the prompt, and the system
+    prompt says the tools are optional. False: the data lives only behind the tools. Left out of
+    the dump while false (so existing specs and hidden-set seeds are unchanged)."""
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if not self.inline:
+            data.pop("inline", None)
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "LedgerDifficulty":
@@ -271,7 +295,8 @@ class Ledger(Family):
             ask = "how many transactions were rejected?"
         else:
             ask = "how much was charged in fees in total, across all accounts?"
-        return Example(prompt=f"{head} {ask}", world=world, answer=str(value))
+        prompt = inline_prompt(world, accts, ask) if d.inline else f"{head} {ask}"
+        return Example(prompt=prompt, world=world, answer=str(value))
 
     def tools(self, world: dict[str, Any]) -> list[Callable[..., str]]:
         return make_tools(world)
@@ -300,13 +325,7 @@ class Ledger(Family):
         per_tx = {"rejected", "fees"} & set(d.question_types())
         longest_trace = 1 + d.max_transactions if per_tx else 3
         return EvalFormat(
-            system_prompt=(
-                "You are a careful bookkeeping assistant. The ledger's transactions are not in the "
-                "question: call list_transactions to see them, apply_transaction to process the ledger "
-                "in order through a transaction number (it reports that transaction's outcome and every "
-                "balance right after it), and get_balance for an account's opening balance. Rules: "
-                f"{RULES}. When done, reply with the final line 'Answer: <integer>'."
-            ),
+            system_prompt=system_prompt(d.inline, fees=d.fee_frequency > 0),
             tools=[
                 ToolSpec(
                     name="list_transactions",
@@ -338,8 +357,37 @@ class Ledger(Family):
             answer_format="The last line of the final reply is 'Answer: <integer>', e.g. 'Answer: 1250' "
             "or 'Answer: -75'.",
             max_turns=longest_trace + 2,
-            max_new_tokens=128,
+            max_new_tokens=min(1024, 256 + 48 * d.max_transactions) if d.inline else 128,  # inline: room to work it through
         )
+
+
+def inline_prompt(world: dict[str, Any], accts: str, ask: str) -> str:
+    """The question with its data: opening balances, the numbered listing (the tools' own wording),
+    the rules that apply to this listing (fees only when it has one), the ask and a nudge to work
+    it through (a small model otherwise copies the opening balance)."""
+    txs = world["transactions"]
+    listing = "\n".join(f"#{i} {describe(tx)}" for i, tx in enumerate(txs, 1))
+    kinds = {tx["kind"] for tx in txs}
+    rules = [r for r, used in ((RULE_OVERDRAFT, bool(kinds & {"withdrawal", "transfer"})),
+                               (RULE_FEE, "fee" in kinds)) if used]
+    rule_text = f"{'Rules' if len(rules) > 1 else 'Rule'}: {'; '.join(rules)}. " if rules else ""
+    return (f"Ledger {world['ledger']} has accounts {accts}. Opening balances: {format_balances(world['accounts'])}. "
+            f"Transactions, in order:\n{listing}\n{rule_text}After processing all of them in order, {ask} {INLINE_ASK}")
+
+
+def system_prompt(inline: bool, fees: bool = True) -> str:
+    if inline:
+        rules = RULES if fees else RULE_OVERDRAFT
+        return ("You are a careful bookkeeping assistant. The question states the ledger's opening "
+                "balances and its numbered transactions, so you do not need to call any tool (the tools are "
+                "optional and report the same data). Work through the transactions in order yourself, one "
+                f"short line each, keeping track of the balances. Rules: {rules}. When done, reply with the "
+                "final line 'Answer: <integer>'.")
+    return ("You are a careful bookkeeping assistant. The ledger's transactions are not in the "
+            "question: call list_transactions to see them, apply_transaction to process the ledger "
+            "in order through a transaction number (it reports that transaction's outcome and every "
+            "balance right after it), and get_balance for an account's opening balance. Rules: "
+            f"{RULES}. When done, reply with the final line 'Answer: <integer>'.")
 
 
 def parse_answer(text: str) -> int | None:

@@ -4,7 +4,10 @@ Each row's info carries the world {"world": {"ledger", "accounts", "transactions
 "question"}}; the tools read it and are pure functions of (world, arguments), exactly
 like the eval's. Ledgers and questions follow the task's difficulty (task.json beside
 this file: accounts, transactions, fee and overdraft rates, question types); without
-task.json, 2-4 accounts, 6-12 transactions and balance / net-change questions. Rewards
+task.json, 2-4 accounts, 6-12 transactions and balance / net-change questions. When the
+task's difficulty sets `inline`, each prompt also states the opening balances and the
+numbered transaction list (in the tools' own wording) and SYSTEM_PROMPT says the tools are
+optional, as the eval does at that difficulty. Rewards
 give full credit for the exact integer in the eval's format, partial credit for a number
 near the answer (so a weak model gets a gradient), and a little for writing the
 'Answer:' line at all.
@@ -15,16 +18,26 @@ import random
 import re
 from pathlib import Path
 
-RULES = ("a withdrawal or transfer that would make a balance negative is rejected and skipped; "
-         "a fee takes the given percent of the account's current balance, rounded down")
+RULE_OVERDRAFT = "a withdrawal or transfer that would make a balance negative is rejected and skipped"
+RULE_FEE = "a fee takes the given percent of the account's current balance, rounded down"
+RULES = f"{RULE_OVERDRAFT}; {RULE_FEE}"
 
-SYSTEM_PROMPT = (
+TOOLS_SYSTEM_PROMPT = (
     "You are a careful bookkeeping assistant. The ledger's transactions are not in the "
     "question: call list_transactions to see them, apply_transaction to process the ledger "
     "in order through a transaction number (it reports that transaction's outcome and every "
     "balance right after it), and get_balance for an account's opening balance. Rules: "
     f"{RULES}. When done, reply with the final line 'Answer: <integer>'."
 )
+
+
+def _inline_system_prompt(fees):
+    """The system prompt when the question states the data (the fee rule only when fees occur)."""
+    return ("You are a careful bookkeeping assistant. The question states the ledger's opening "
+            "balances and its numbered transactions, so you do not need to call any tool (the tools are "
+            "optional and report the same data). Work through the transactions in order yourself, one "
+            f"short line each, keeping track of the balances. Rules: {RULES if fees else RULE_OVERDRAFT}. "
+            "When done, reply with the final line 'Answer: <integer>'.")
 
 ACCOUNT_NAMES = ["checking", "savings", "cash", "travel", "rent", "payroll", "reserve", "groceries"]
 
@@ -158,6 +171,15 @@ def task_difficulty() -> dict:
     return difficulty if isinstance(difficulty, dict) else {}
 
 
+def _inline(difficulty):
+    """The task's `inline` knob: the data is stated in the question (only a real true counts)."""
+    return difficulty.get("inline") is True
+
+
+def _system_prompt(difficulty):
+    return _inline_system_prompt(_settings(difficulty)["fee"] > 0) if _inline(difficulty) else TOOLS_SYSTEM_PROMPT
+
+
 def _knob(difficulty, name, lo, hi, cast=int):
     """A knob clamped to [lo, hi], or None when the task does not set it (or garbles it)."""
     try:
@@ -188,7 +210,10 @@ def _settings(difficulty):
     return {"n_accounts": _knob(difficulty, "n_accounts", 2, len(ACCOUNT_NAMES)),
             "transactions": (min(lo, hi), max(lo, hi)), "fee": fee,
             "overdraft": 0.2 if overdraft is None else overdraft,
-            "questions": questions or ["balance", "net_change"]}
+            "questions": questions or ["balance", "net_change"], "inline": _inline(difficulty)}
+
+
+SYSTEM_PROMPT = _system_prompt(task_difficulty())
 
 
 def _ledger(rng, s):
@@ -252,7 +277,23 @@ def _problem(rng, difficulty):
         ask = "how many transactions were rejected?"
     else:
         ask = "how much was charged in fees in total, across all accounts?"
-    return {"prompt": f"{head} {ask}", "answer": str(value), "info": {"world": world}}
+    prompt = _inline_prompt(world, accts, ask) if s["inline"] else f"{head} {ask}"
+    return {"prompt": prompt, "answer": str(value), "info": {"world": world}}
+
+
+def _inline_prompt(world, accts, ask):
+    """The question with its data, as the eval words it at an inline difficulty: opening balances,
+    the numbered listing, the rules that apply to it, the ask and a nudge to work it through."""
+    txs = world["transactions"]
+    opening = ", ".join(f"{k}={world['accounts'][k]}" for k in sorted(world["accounts"]))
+    listing = "\n".join(f"#{i} {_describe(tx)}" for i, tx in enumerate(txs, 1))
+    kinds = {tx["kind"] for tx in txs}
+    rules = [r for r, used in ((RULE_OVERDRAFT, bool(kinds & {"withdrawal", "transfer"})),
+                               (RULE_FEE, "fee" in kinds)) if used]
+    rule_text = f"{'Rules' if len(rules) > 1 else 'Rule'}: {'; '.join(rules)}. " if rules else ""
+    return (f"Ledger {world['ledger']} has accounts {accts}. Opening balances: {opening}. Transactions, in order:\n"
+            f"{listing}\n{rule_text}After processing all of them in order, {ask} "
+            "Think step by step, then end with the line 'Answer: <integer>'.")
 
 
 def build_dataset(n: int, seed: int) -> list:
