@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 import ait.families
 from ait.families import ToolCall, build_spec
-from ait.families.ledger import Ledger
+from ait.families.ledger import Ledger, inline_prompt
 from ait.spec import Constraints
 from tests.reference_rows import reference_rows_at
 
@@ -657,6 +657,10 @@ def test_the_reference_env_honours_inline(tmp_path):
             world = r["info"]["world"]
             assert read_inline(r["prompt"]) == {k: world[k] for k in ("accounts", "transactions")}, r["prompt"]
             assert solve_inline(r["prompt"]) == r["answer"] == str(expected_answer(r["prompt"], world))
+            # worded exactly as the eval words an inline question about the same world
+            names = sorted(world["accounts"])
+            ask = re.search(r"After processing all of them in order, (.*) Think step by step", r["prompt"]).group(1)
+            assert r["prompt"] == inline_prompt(world, ", ".join(names[:-1]) + " and " + names[-1], ask)
             assert solve(r["prompt"], bound_call(world)) == r["answer"]  # the tools still work
         env_mod = import_env(env_path)
         assert env_mod.SYSTEM_PROMPT == FAMILY.eval_format(FAMILY.difficulty({**knobs, "inline": True})).system_prompt

@@ -33,13 +33,18 @@ left as harder knobs (their small-integer answers would also make guessing too e
 
 `inline` (default false) is the easiest knob: the question itself states what the tools
 would return, the opening balances and the numbered transaction list in the tools' own
-wording ("Opening balances: cash=300, checking=1200. Transactions, in order: #1 deposit
-200 into cash; ..."), and the system prompt says so (the tools stay available and behave
-the same; the gold answer is computed the same way). It is for models that cannot yet run
-multi-turn tool use: the problem becomes reading a short list and doing the arithmetic.
-The ledger drawn for a seed does not depend on it (only the wording does), and `inline`
-is left out of the difficulty's dump while false, so non-inline task specs, hidden-set
-seeds and examples are exactly what they were before the knob existed.
+wording ("Opening balances: cash=300, checking=1200. Transactions, in order:" then one
+"#1 deposit 200 into cash" line each), the rules that apply to that list (the fee rule
+only when it has a fee), the ask, and "Think step by step, then end with the line
+'Answer: <integer>'." (without that nudge a small model copies the opening balance). The
+system prompt says the data is in the question and the tools are optional; the tools stay
+available and behave the same, the gold answer is computed the same way, and the reply
+gets more room (max_new_tokens 256 + 48 per transaction, at most 1024, instead of 128).
+It is for models that cannot yet run multi-turn tool use: the problem becomes reading a
+short list and doing the arithmetic. The ledger drawn for a seed does not depend on it
+(only the wording does), and `inline` is left out of the difficulty's dump while false, so
+non-inline task specs, hidden-set seeds and examples are exactly what they were before the
+knob existed. `min_transactions` may be 1 (the easiest inline rungs).
 """
 
 from __future__ import annotations
@@ -80,10 +85,11 @@ class LedgerDifficulty(BaseModel):
                            pattern=r"^(balance|net_change|rejected|fees)(,(balance|net_change|rejected|fees))*$")
     """Comma-separated question types drawn uniformly: balance, net_change, rejected, fees."""
     inline: bool = False
-    """State the data in the question: the opening balances and the numbered transaction list
-    (what get_balance and list_transactions return) are written into the prompt, and the system
-    prompt says the tools are optional. False: the data lives only behind the tools. Left out of
-    the dump while false (so existing specs and hidden-set seeds are unchanged)."""
+    """True: the question states the data, the opening balances and the numbered transaction list
+    (what get_balance and list_transactions return), plus the rules that apply and a nudge to work
+    it through; the system prompt says the data is in the question and the tools (unchanged) are
+    optional; the gold answer is the same. False: the data lives only behind the tools. Left out
+    of the dump while false (so existing specs and hidden-set seeds are unchanged)."""
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:

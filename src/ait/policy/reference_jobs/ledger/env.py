@@ -5,12 +5,12 @@ Each row's info carries the world {"world": {"ledger", "accounts", "transactions
 like the eval's. Ledgers and questions follow the task's difficulty (task.json beside
 this file: accounts, transactions, fee and overdraft rates, question types); without
 task.json, 2-4 accounts, 6-12 transactions and balance / net-change questions. When the
-task's difficulty sets `inline`, each prompt also states the opening balances and the
-numbered transaction list (in the tools' own wording) and SYSTEM_PROMPT says the tools are
-optional, as the eval does at that difficulty. Rewards
-give full credit for the exact integer in the eval's format, partial credit for a number
-near the answer (so a weak model gets a gradient), and a little for writing the
-'Answer:' line at all.
+task's difficulty sets `inline`, each prompt is worded as the eval's at that difficulty: it
+states the opening balances, the numbered transaction list (in the tools' own wording) and
+the rules that apply, and asks to work it through; SYSTEM_PROMPT then says the data is in
+the question and the tools are optional. Rewards give full credit for the exact integer in
+the eval's format, partial credit for a number near the answer (so a weak model gets a
+gradient), and a little for writing the 'Answer:' line at all.
 """
 
 import json
