@@ -108,3 +108,18 @@ def test_committed_task_specs_match_the_generator():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_task_specs.py"), "--check"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_an_inline_spec_says_the_data_is_in_the_question():
+    """The agent reads the spec's description: at an inline rung it must not claim the data is
+    only behind the tools."""
+    from ait.families import INLINE_NOTE, build_spec
+    from ait.spec import Constraints
+
+    c = Constraints(allowed_base_models=["tiny"], max_steps=1, max_group_size=2, max_prompts_per_step=1,
+                    max_completion_tokens=8, max_turns=1, time_budget_s=1, min_dataset_rows=1, max_dataset_rows=1)
+    for name in ("multi_hop", "string_pipeline", "ledger", "dispatch", "triage"):
+        inline = build_spec(name, difficulty={"inline": True}, constraints=c)
+        plain = build_spec(name, constraints=c)
+        assert inline.description == plain.description + INLINE_NOTE
+        assert INLINE_NOTE not in plain.description

@@ -26,6 +26,10 @@ def get_family(name: str) -> Family:
         raise KeyError(f"unknown task family {name!r}; known: {', '.join(sorted(FAMILIES))}") from None
 
 
+INLINE_NOTE = (" At this difficulty (inline) the question itself also states the data the tools would return,"
+               " so the tools are optional: the model may answer from the question alone.")
+
+
 def build_spec(name: str, *, task_id: str | None = None, difficulty: dict[str, Any] | None = None,
                constraints: Constraints, n_dev: int = 5, dev_seed: int = 1000, **fields: Any) -> TaskSpec:
     """A TaskSpec for a family: eval format and dev examples come from the family itself.
@@ -37,7 +41,7 @@ def build_spec(name: str, *, task_id: str | None = None, difficulty: dict[str, A
     return TaskSpec(
         id=task_id or name,
         family=name,
-        description=family.description,
+        description=family.description + (INLINE_NOTE if getattr(d, "inline", False) else ""),
         difficulty=d.model_dump(),
         eval_format=family.eval_format(d),
         constraints=constraints,
