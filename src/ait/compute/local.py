@@ -61,12 +61,12 @@ def slot_envs(slots: int | None, gpus: list[str], jobs_per_gpu: int = 1,
                          f"(at most {capacity}); raise --jobs-per-gpu to pack more jobs per GPU")
     # Jobs that share a GPU score in half-size micro-batches: their peak memory is mostly one
     # micro-batch's logits, and at the full size eight SmolLM2 standard jobs do not fit an H200.
-    packed = {LOGIT_BUDGET_ENV: str(PACKED_LOGIT_BUDGET)} if jobs_per_gpu > 1 else {}
+    gpu_env = {LOGIT_BUDGET_ENV: str(PACKED_LOGIT_BUDGET)} if jobs_per_gpu > 1 else {}
     if mps_thread_percentage is not None:
         if not 1 <= mps_thread_percentage <= 100:
             raise ValueError(f"--mps-thread-percentage must be 1..100, got {mps_thread_percentage}")
-        packed[MPS_THREAD_PERCENTAGE_ENV] = str(mps_thread_percentage)
-    return [{"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)], **cpu_share(n), **packed} for i in range(n)]
+        gpu_env[MPS_THREAD_PERCENTAGE_ENV] = str(mps_thread_percentage)
+    return [{"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)], **cpu_share(n), **gpu_env} for i in range(n)]
 
 
 PACKED_LOGIT_BUDGET = LOGIT_BUDGET // 2
