@@ -30,8 +30,10 @@ case "$stage" in
     python3 -X importtime -c "import torch, transformers; from transformers import AutoModelForCausalLM" \
       2> "$OUT/importtime.raw"; sort -t'|' -k2 -n -r "$OUT/importtime.raw" | head -40 > "$OUT/importtime.log" ;;
   uplift)
+    # UPLIFT_LR_FOR="calc_chain=1e-6:3e-6 ...": a family's own learning rates (one job each) instead of UPLIFT_LR
     fams=""; for f in ${UPLIFT_FAMILIES:-calc_chain multi_hop string_pipeline ledger dispatch}; do fams="$fams --family $f"; done
-    python3 bench/inner_job.py --model qwen2.5-coder-0.5b --trainers fast --parallel --lr 1e-5 $fams \
+    lrfor=""; for x in ${UPLIFT_LR_FOR:-}; do lrfor="$lrfor --lr-for $x"; done
+    python3 bench/inner_job.py --model qwen2.5-coder-0.5b --trainers fast --parallel --lr "${UPLIFT_LR:-1e-5}" $fams $lrfor \
       ${CAL:+--calibration $CAL} --json "$OUT/uplift.json" > "$OUT/uplift.log" 2>&1 ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

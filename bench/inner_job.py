@@ -127,10 +127,10 @@ def save_partial(args, key: str, value: dict) -> None:
 
 def run_side_by_side(args, out: Path) -> dict:
     rows = {}
-    several = len(args.lr) > 1
+    several = any(len(family_lrs(args, f)) > 1 for f in args.family)
     jobs = {f"{family}/{trainer}" + (f"/lr{lr:g}" if several else ""):
             standard_job(family, args.model, trainer, out, args, tag=f"-lr{lr:g}" if several else "", lr=lr)
-            for family in args.family for trainer in args.trainers for lr in args.lr}
+            for family in args.family for trainer in args.trainers for lr in family_lrs(args, family)}
     if args.parallel:  # uplift runs: every job at once on one GPU (timings are then not comparable)
         executor = LocalExecutor(slot_envs(len(jobs), [args.gpu], jobs_per_gpu=len(jobs)))
         results: dict[str, JobResult] = {}
@@ -166,10 +166,28 @@ def run_side_by_side(args, out: Path) -> dict:
     return rows
 
 
+def family_lrs(args, family: str) -> list[float]:
+    """--lr-for FAMILY=LR[:LR...] where given, else --lr (a family whose updates are too big at the
+    common rate, e.g. a 0.5B model fully fine-tuned on calc_chain, gets its own)."""
+    return args.lr_for.get(family, args.lr)
+
+
+def parse_lr_for(items: list[str]) -> dict[str, list[float]]:
+    out = {}
+    for item in items:
+        family, _, values = item.partition("=")
+        if not family or not values:
+            raise SystemExit(f"--lr-for {item!r}: expected FAMILY=LR[:LR...], e.g. calc_chain=1e-6:3e-6")
+        out[family.strip()] = [float(v) for v in values.split(":") if v.strip()]
+    return out
+
+
 def run_pack(args, out: Path) -> dict:
     results = {}
     base = None
-    runs = [(k, None) for k in args.pack] + [(k, pct) for k in args.pack if k > 1 for pct in args.mps_pct]
+    # K = 1 uncapped (the baseline), then each K > 1 at each --mps-pct value (0 = no cap; none given = no cap)
+    runs = [(k, None) for k in args.pack if k == 1] + [(k, pct or None) for k in args.pack if k > 1
+                                                        for pct in (args.mps_pct or [0])]
     for k, pct in runs:
         executor = LocalExecutor(slot_envs(k, [args.gpu], jobs_per_gpu=k, mps_thread_percentage=pct))
         jobs = [standard_job(args.family[0], args.model, args.trainers[0], out, args, seed=i,
@@ -191,7 +209,8 @@ def run_pack(args, out: Path) -> dict:
         results[key] = {"jobs": k, "mps_thread_percentage": pct, "ok": ok, "wall_s": wall, "jobs_per_hour": per_hour,
                         "vs_k1": per_hour / base, "usd_per_job": args.usd_per_gpu_hour / per_hour if per_hour else None,
                         "peak_gpu_gb_per_job": peak, "posts": [r.post for r in done],
-                        "errors": [(r.error or "")[-300:] for r in done if not r.ok]}
+                        "errors": [(r.error or "")[-300:] for r in done if not r.ok],
+                        "per_job": [figures(r, args) for r in done]}  # where each job's time went
         console.print(json.dumps(results[key]))
         save_partial(args, "pack", results)
     table = Table(title=f"packing on GPU {args.gpu}: {args.family[0]} standard job, {args.model}")
@@ -239,8 +258,11 @@ def main() -> int:
     p.add_argument("--time-budget", type=float, default=900)
     p.add_argument("--usd-per-gpu-hour", type=float, default=3.50, help="H200 on-demand price assumed")
     p.add_argument("--pack", default="", help="comma list of K, e.g. 1,2,4,8")
-    p.add_argument("--mps-pct", default="", help="also run each K > 1 with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "
-                   "at these values (comma list): each job's kernels then use at most that share of the SMs")
+    p.add_argument("--lr-for", action="append", default=[], help="FAMILY=LR[:LR...]: that family's learning "
+                   "rates instead of --lr (repeatable)")
+    p.add_argument("--mps-pct", default="", help="run each K > 1 with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE at each of "
+                   "these values (comma list; 0 = no cap, the default): each job's kernels then use at most that "
+                   "share of the SMs")
     p.add_argument("--gpu", default="0")
     p.add_argument("--calibration", default=None, help="bench/calibrate.py JSON: use each family's chosen difficulty")
     p.add_argument("--parallel", action="store_true", help="run the families' jobs at once (uplift, not timing)")
@@ -252,6 +274,7 @@ def main() -> int:
     args.lr = [float(x) for x in args.lr.split(",") if x.strip()]
     args.pack = [int(k) for k in args.pack.split(",") if k.strip()]
     args.mps_pct = [int(x) for x in args.mps_pct.split(",") if x.strip()]
+    args.lr_for = parse_lr_for(args.lr_for)
     out = Path(args.out or tempfile.mkdtemp(prefix="ait-bench-inner-"))
     out.mkdir(parents=True, exist_ok=True)
     if args.json:

@@ -36,6 +36,37 @@ def test_jobs_wait_until_their_memory_fits():
     assert order.index(("start", "c")) < order.index(("end", "a"))
 
 
+def test_memory_reserved_for_the_agent_is_left_out_of_admission():
+    ledger = GpuLedger({"0": 100.0}, headroom=1.0, reserved_gib=40.0)
+    assert ledger.capacity["0"] == 60.0
+    started = threading.Event()
+
+    def second():
+        with ledger.reserve("0", 30.0):  # 35 + 30 > 100 - 40: waits for the first
+            started.set()
+
+    with ledger.reserve("0", 35.0):
+        t = threading.Thread(target=second)
+        t.start()
+        assert not started.wait(0.3)
+    t.join(5)
+    assert started.is_set()
+    with pytest.raises(ValueError, match="reserved GPU memory"):
+        GpuLedger({"0": 100.0}, reserved_gib=-1.0)
+
+
+def test_the_outer_loop_pool_reserves_the_agents_share(monkeypatch):
+    from ait.compute import local
+    from ait.outer.config import OuterConfig
+    from ait.outer.loop import configure_local_slots
+
+    monkeypatch.setattr(local, "detect_gpus", lambda: ["0"])
+    monkeypatch.setattr("ait.compute.gpu_memory.gpu_total_gib", lambda index: 100.0)
+    monkeypatch.setattr(local, "_shared", None)
+    configure_local_slots(OuterConfig(jobs_per_gpu=4, agent_gpu_gib=30.0, episode={"executor": "local"}))
+    assert local._shared.ledger.capacity["0"] == pytest.approx(100.0 * 0.9 - 30.0)
+
+
 def test_a_lone_job_always_starts_even_above_the_estimate():
     ledger = GpuLedger({"0": 1.0})
     with ledger.reserve("0", 50.0) as held:

@@ -75,8 +75,10 @@ def gpu_total_gib(index: str) -> float | None:
 class GpuLedger:
     """Admission by estimated memory, per GPU; `exclusive` waits for the GPU to empty."""
 
-    def __init__(self, capacity_gib: dict[str, float | None], headroom: float = 0.9):
-        self.capacity = {g: (c * headroom if c else None) for g, c in capacity_gib.items()}
+    def __init__(self, capacity_gib: dict[str, float | None], headroom: float = 0.9, reserved_gib: float = 0.0):
+        if reserved_gib < 0:
+            raise ValueError(f"reserved GPU memory must be >= 0 GiB, got {reserved_gib}")
+        self.capacity = {g: (max(0.0, c * headroom - reserved_gib) if c else None) for g, c in capacity_gib.items()}
         self.used = {g: 0.0 for g in capacity_gib}
         self.running = {g: 0 for g in capacity_gib}
         self.active: dict[str, list[Reservation]] = {}

@@ -163,7 +163,9 @@ class LocalExecutor:
     access, say) tears down every client on that GPU, so a packed job can die of a neighbour's bug."""
 
     def __init__(self, slots: list[dict[str, str]], job_fn: JobFn = run_job_in_slot,
-                 capacity_gib: dict[str, float | None] | None = None) -> None:
+                 capacity_gib: dict[str, float | None] | None = None, reserved_gib: float = 0.0) -> None:
+        """`reserved_gib` is held back on every GPU for a process that shares it outside this pool
+        (the outer loop's agent, sampling and training beside its own inner jobs)."""
         from ait.compute.gpu_memory import GpuLedger, gpu_total_gib
 
         self.job_fn = job_fn
@@ -173,7 +175,7 @@ class LocalExecutor:
         gpus = sorted({s.get("CUDA_VISIBLE_DEVICES", "") for s in slots} - {""})
         if capacity_gib is None:
             capacity_gib = {g: gpu_total_gib(g) for g in gpus}
-        self.ledger = GpuLedger({g: capacity_gib.get(g) for g in gpus})
+        self.ledger = GpuLedger({g: capacity_gib.get(g) for g in gpus}, reserved_gib=reserved_gib)
 
     def run(self, job: Job) -> JobResult:
         env = self._free.get()  # blocks while every slot is busy

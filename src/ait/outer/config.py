@@ -109,6 +109,10 @@ class OuterConfig(Strict):
     """Task sampling and per-episode sampling seeds."""
     jobs_per_gpu: int = Field(default=1, ge=1, le=64)
     """With [episode] executor = "local": inner jobs packed on each GPU at once (the agent may share it)."""
+    agent_gpu_gib: float = Field(default=0.0, ge=0.0, le=4096.0)
+    """With jobs_per_gpu > 1 and the agent on the same GPU (local backend, device cuda): GPU memory
+    the inner jobs' admission leaves to the agent's sampler and trainer (their KV cache and
+    long-transcript activations are not in any job's estimate)."""
     budget_usd: float | None = Field(default=None, ge=0.0)
     """Stop the run once its episodes have spent this much (LLM + jobs); None = no cap."""
     policy: PolicySection = Field(default_factory=PolicySection)

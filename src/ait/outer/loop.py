@@ -194,7 +194,8 @@ def configure_local_slots(config: OuterConfig) -> None:
     from ait.compute import local
 
     with local._shared_lock:  # the pool every episode of this process shares
-        local._shared = local.LocalExecutor(local.slot_envs(None, local.detect_gpus(), config.jobs_per_gpu))
+        local._shared = local.LocalExecutor(local.slot_envs(None, local.detect_gpus(), config.jobs_per_gpu),
+                                            reserved_gib=config.agent_gpu_gib)
 
 
 def start_run(run_dir: Path, config: OuterConfig, resume: bool) -> ckpt.LoopState:
