@@ -8,7 +8,7 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from ait.evals.rollout import final_response, parse_reply, prepare_tokenizer, run_conversations
+from ait.evals.rollout import bare_tool_calls, final_response, parse_reply, prepare_tokenizer, run_conversations
 from ait.families import FAMILIES, get_family
 from ait.train.tiny import tiny_model_path
 
@@ -24,6 +24,24 @@ def test_tool_calls_in_a_reply_are_parsed():
     ids = tok(reply, add_special_tokens=False)["input_ids"]
     content, calls = parse_reply(tok, ids, reply, tok(prompt, add_special_tokens=False)["input_ids"])
     assert [(c.name, c.arguments) for c in calls] == [("calculator", {"a": 3, "op": "*", "b": 4})]
+
+
+@pytest.mark.parametrize("text,expected", [
+    ('{"name": "lookup", "arguments": {"id": 3}}', [("lookup", {"id": 3})]),
+    ('[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"x": 1}}]', [("a", {}), ("b", {"x": 1})]),
+    # several objects one per line (how small models write parallel calls), fenced or not
+    ('{"name": "a", "arguments": {"x": 1}}\n{"name": "b", "arguments": {"y": "}{"}}', [("a", {"x": 1}), ("b", {"y": "}{"})]),
+    ('```json\n{"name": "a", "arguments": {}}\n\n{"name": "a", "arguments": {"k": 2}}\n```', [("a", {}), ("a", {"k": 2})]),
+    # anything else is prose, not calls: nothing is half-read
+    ('{"name": "a", "arguments": {}}\nThe answer is 4', []),
+    ('{"name": "a", "arguments": {}}\n{"name": "b"}', []),
+    ('{"name": "a", "arguments": {}} {"name": 5, "arguments": {}}', []),
+    ('[[{"name": "a", "arguments": {}}]]', []),
+    ("", []),
+    ("answer: 12", []),
+])
+def test_bare_json_tool_calls(text, expected):
+    assert [(c.name, c.arguments) for c in bare_tool_calls(text)] == expected
 
 
 class ScriptedModel:

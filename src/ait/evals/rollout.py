@@ -75,17 +75,16 @@ def parse_reply(tokenizer, ids: list[int], text: str, prefix: list[int]) -> tupl
 
 
 def bare_tool_calls(content: str) -> list[ToolCall]:
-    """Tool calls written as bare JSON: one object or a list of objects, each exactly
+    """Tool calls written as bare JSON: one object, a list of objects, or several objects one
+    after another (one per line, as small models write parallel calls), each exactly
     {"name": str, "arguments": object}, optionally in a ``` fence; [] for anything else."""
     text = content.strip()
     if text.startswith("```"):
         text = text.split("\n", 1)[1] if "\n" in text else ""
         text = text.rsplit("```", 1)[0] if text.rstrip().endswith("```") else text
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, ValueError):
-        return []
-    items = data if isinstance(data, list) else [data]
+    items = _json_values(text.strip())
+    if len(items) == 1 and isinstance(items[0], list):
+        items = items[0]
     calls = []
     for item in items:
         if not (isinstance(item, dict) and set(item) == {"name", "arguments"} and isinstance(item["name"], str)
@@ -93,6 +92,22 @@ def bare_tool_calls(content: str) -> list[ToolCall]:
             return []
         calls.append(ToolCall(name=item["name"], arguments=item["arguments"]))
     return calls
+
+
+def _json_values(text: str) -> list:
+    """The JSON values that make up `text` back to back (whitespace between them); [] when any
+    part is not JSON, so prose around a call is never half-read as one."""
+    decoder, values, at = json.JSONDecoder(), [], 0
+    while at < len(text):
+        try:
+            value, end = decoder.raw_decode(text, at)
+        except (json.JSONDecodeError, ValueError):
+            return []
+        values.append(value)
+        at = end
+        while at < len(text) and text[at].isspace():
+            at += 1
+    return values
 
 
 class GreedyGenerator:
