@@ -79,6 +79,35 @@ def test_reference_episode_end_to_end(tmp_path, spec):
     assert (run / "submissions/1/workspace/env.py").read_text() == (REFERENCE / "env.py").read_text()
 
 
+def test_an_episode_that_keeps_no_checkpoint_deletes_the_weights_after_scoring(tmp_path, spec):
+    result = run_episode(spec, TASK, ReferencePolicy(), EpisodeConfig(eval_size=8, keep_checkpoints=False),
+                         runs_dir=tmp_path / "runs", baselines=BaselineStore(tmp_path / "baselines.json"))
+    job = result.job
+    assert job is not None and job.ok and job.post is not None  # scored before the weights went
+    assert job.checkpoint is None and job.metrics["checkpoint_discarded"] == 1.0
+    run = Path(result.run_dir)
+    assert not (run / "job" / "checkpoint").exists()
+    assert (run / "job_result.json").exists() and (run / "workspace" / "env.py").exists()
+
+
+def test_discarding_a_checkpoint_never_leaves_the_jobs_directory(tmp_path):
+    from ait.harness.jobs import discard_checkpoint
+    from ait.job.types import JobResult
+
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("x")
+    job = Job.model_construct(job_id="j", run_dir=str(tmp_path / "run"))
+    (tmp_path / "run" / "job" / "checkpoint").mkdir(parents=True)
+    for hostile in (str(outside), str(tmp_path / "run" / ".." / "precious"), str(tmp_path / "run")):
+        result = JobResult(job_id="j", ok=True, checkpoint=hostile)
+        assert discard_checkpoint(job, result) is False and result.checkpoint == hostile
+    assert (outside / "keep.txt").exists() and (tmp_path / "run" / "job" / "checkpoint").exists()
+    result = JobResult(job_id="j", ok=True, checkpoint=str(tmp_path / "run" / "job" / "checkpoint"))
+    assert discard_checkpoint(job, result) is True
+    assert not (tmp_path / "run" / "job" / "checkpoint").exists() and result.checkpoint is None
+
+
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_training_updates_weights(tmp_path, spec, lora):
     """Independent of the eval's own check: compare the saved tensors with the base model's.

@@ -63,3 +63,12 @@ def test_train_needs_a_config_or_a_run_to_resume(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "--config" in result.output
     result = CliRunner().invoke(app, ["train", "--resume", str(tmp_path)])
     assert result.exit_code == 2 and "config.json not found" in " ".join(result.output.split())
+
+
+def test_outer_episodes_drop_inner_checkpoints_unless_told_to_keep_them(tmp_path):
+    from ait.outer.config import OuterConfig
+    from ait.outer.loop import episode_config
+
+    assert episode_config(OuterConfig(), tmp_path / "run").keep_checkpoints is False
+    kept = OuterConfig(episode={"keep_checkpoints": True})
+    assert episode_config(kept, tmp_path / "run").keep_checkpoints is True

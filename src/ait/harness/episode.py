@@ -228,6 +228,8 @@ class Episode:
         """Dev score, cost, ledger, artifacts; the agent's feedback (dev only, never hidden)."""
         left = self.config.max_jobs - len(self.jobs) - 1
         dev, dev_note, dev_seconds = jobs_.dev_score(job, result, left)
+        if not self.config.keep_checkpoints:  # scored (hidden and dev): the weights are no longer needed
+            jobs_.discard_checkpoint(job, result)
         record = jobs_.make_record(attempt, job, result, dev, self.config, self.meter.prices, dev_seconds)
         self.meter.record_job(job.job_id, record.cost)
         self.jobs.append(record)

@@ -9,6 +9,7 @@ run directory, which the agent's file tools cannot reach.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from ait.evals.dev_eval import DevScore, run_dev_eval
@@ -59,6 +60,20 @@ def dev_score(job: Job, result: JobResult, jobs_left: int) -> tuple[float | None
     if isinstance(scored, DevScore):
         return scored.score, f"on {scored.n} public dev examples", scored.seconds
     return None, scored, 0.0
+
+
+def discard_checkpoint(job: Job, result: JobResult) -> bool:
+    """Delete the job's trained weights (only ever a directory inside the job's own run directory;
+    a checkpoint path pointing anywhere else is left alone) and clear the result's pointer to them."""
+    if not result.checkpoint:
+        return False
+    path, root = Path(result.checkpoint).resolve(), Path(job.run_dir).resolve()
+    if path == root or not path.is_relative_to(root):
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    result.checkpoint = None
+    result.metrics["checkpoint_discarded"] = 1.0
+    return True
 
 
 def make_record(attempt: int, job: Job, result: JobResult, dev: float | None, config: EpisodeConfig,

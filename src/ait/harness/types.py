@@ -106,6 +106,9 @@ class EpisodeConfig(Strict):
     timeout_s: float | None = Field(default=None, gt=0)
     """Wall-clock limit of the whole episode; when it passes the episode stops as `timeout` (a running job is
     killed) and is scored as it stood. None = no limit."""
+    keep_checkpoints: bool = True
+    """False: delete each job's trained weights once they are scored (the outer loop's default: every
+    episode of a long run would otherwise keep a full model, ~1 GB for a 0.5B full fine-tune)."""
     max_jobs: int = Field(default=1, ge=1, le=20)
     """Valid jobs the agent may run; after each it sees the dev-set score (never the hidden one) and may
     refine. The episode is scored on its best job by hidden post."""

@@ -184,6 +184,10 @@ def episode_config(config: OuterConfig, run_dir: Path) -> EpisodeConfig:
         update["ledger_path"] = str(run_dir / "costs.jsonl")
     if config.budget_usd is not None and config.episode.run_budget_usd is None:
         update["run_budget_usd"] = config.budget_usd
+    if "keep_checkpoints" not in config.episode.model_fields_set:
+        # The H200 arc of 2026-11-30 kept 40 GB of inner checkpoints after five steps of 12 episodes
+        # (a 64 GB disk); the loop reads only each job's scores.
+        update["keep_checkpoints"] = False
     return config.episode.model_copy(update=update)
 
 
