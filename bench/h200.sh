@@ -24,7 +24,7 @@ case "$stage" in
       ${CAL:+--calibration $CAL} --json "$OUT/sidebyside.json" > "$OUT/sidebyside.log" 2>&1 ;;
   pack)
     python3 bench/inner_job.py --model smollm2-135m --family "${1:-calc_chain}" --trainers fast --pack "${PACK:-1,8,2,4}" \
-      --mps-pct "${PACK_MPS_PCT:-}" \
+      --mps-pct "${PACK_MPS_PCT:-}" --pack-jobs "${PACK_JOBS:-0}" \
       ${CAL:+--calibration $CAL} --json "$OUT/pack.json" > "$OUT/pack.log" 2>&1 ;;
   importtime)  # what a fresh process spends importing torch and transformers (the jobs start two)
     python3 -X importtime -c "import torch, transformers; from transformers import AutoModelForCausalLM" \

@@ -21,6 +21,10 @@
 #   arc          the outer loop (configs/outer/h200_mini.toml, its tasks rebuilt by bench/arc_tasks.py at
 #                the session's calibrated difficulty), started in the background: it
 #                runs beside the stages after it until the machine goes back
+# Settings (environment): PACK (K list, default 1,8,2,4), PACK_MPS_PCT (SM caps for K > 1, 0 = none),
+# PACK_JOBS (a queue of N jobs through each K > 1 instead of K at once); UPLIFT_FAMILIES, UPLIFT_LR,
+# UPLIFT_LR_FOR ("calc_chain=1e-6:3e-6 ..."), UPLIFT_CAL (rungs; bench/uplift_rungs.json holds the
+# ones measured so far); ARC_CAL.
 # Stages that need Qwen wait for /root/stage/qwen.gguf.done (the staging calls touch it).
 # Timing stages should come before `arc`: after it they share the GPU.
 # Every stage writes under /root/results as it goes; a later call tars that folder into $OUT.

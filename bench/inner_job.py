@@ -182,43 +182,66 @@ def parse_lr_for(items: list[str]) -> dict[str, list[float]]:
     return out
 
 
+def run_all(executor: LocalExecutor, jobs: list[Job]) -> tuple[float, list[tuple[float, JobResult]]]:
+    """Every job submitted at once (each waits for a free slot); (wall, [(seconds to finish, result)])."""
+    done: list[tuple[float, JobResult]] = []
+    lock = threading.Lock()
+    start = time.monotonic()
+
+    def run_one(job: Job) -> None:
+        result = executor.run(job)
+        with lock:
+            done.append((time.monotonic() - start, result))
+
+    threads = [threading.Thread(target=run_one, args=(j,)) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.monotonic() - start, done
+
+
 def run_pack(args, out: Path) -> dict:
+    """K jobs at once (a batch: they start, and mostly finish, together), or with --pack-jobs N a
+    queue of N jobs through K slots, as a worker with a full queue runs them: a slot takes the next
+    job as soon as its last one ends, so one job's start (imports, load; the GPU idle) overlaps the
+    others' training. Both give jobs/hour = jobs / wall; the queue also gives the rate after the
+    first wave (completions K+1..N over the time they took)."""
     results = {}
     base = None
     # K = 1 uncapped (the baseline), then each K > 1 at each --mps-pct value (0 = no cap; none given = no cap)
     runs = [(k, None) for k in args.pack if k == 1] + [(k, pct or None) for k in args.pack if k > 1
                                                         for pct in (args.mps_pct or [0])]
     for k, pct in runs:
+        n = max(k, args.pack_jobs) if k > 1 else 1  # one slot runs jobs back to back: one job is its rate
         executor = LocalExecutor(slot_envs(k, [args.gpu], jobs_per_gpu=k, mps_thread_percentage=pct))
         jobs = [standard_job(args.family[0], args.model, args.trainers[0], out, args, seed=i,
-                             tag=f"-k{k}-{i}" + (f"-mps{pct}" if pct else ""))
-                for i in range(k)]
-        done: list[JobResult] = []
-        start = time.monotonic()
-        threads = [threading.Thread(target=lambda j=j: done.append(executor.run(j))) for j in jobs]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.monotonic() - start
-        ok = sum(r.ok for r in done)
+                             tag=f"-k{k}-{i}" + (f"-mps{pct}" if pct else "") + (f"-of{n}" if n > k else ""))
+                for i in range(n)]
+        wall, done = run_all(executor, jobs)
+        finished = sorted(t for t, _ in done)
+        ok = sum(r.ok for _, r in done)
         per_hour = ok / wall * 3600
         base = base or per_hour
-        peak = max((r.metrics.get("train/peak_gpu_memory_gb") or 0.0) for r in done)
-        key = f"{k}" + (f"@mps{pct}%" if pct else "")
-        results[key] = {"jobs": k, "mps_thread_percentage": pct, "ok": ok, "wall_s": wall, "jobs_per_hour": per_hour,
-                        "vs_k1": per_hour / base, "usd_per_job": args.usd_per_gpu_hour / per_hour if per_hour else None,
-                        "peak_gpu_gb_per_job": peak, "posts": [r.post for r in done],
-                        "errors": [(r.error or "")[-300:] for r in done if not r.ok],
-                        "per_job": [figures(r, args) for r in done]}  # where each job's time went
+        after_first_wave = ((n - k) / (finished[-1] - finished[k - 1]) * 3600
+                            if n > k and finished[-1] > finished[k - 1] else None)
+        peak = max((r.metrics.get("train/peak_gpu_memory_gb") or 0.0) for _, r in done)
+        key = f"{k}" + (f"@mps{pct}%" if pct else "") + (f"x{n}" if n > k else "")
+        results[key] = {"slots": k, "jobs": n, "mps_thread_percentage": pct, "ok": ok, "wall_s": wall,
+                        "jobs_per_hour": per_hour, "vs_k1": per_hour / base,
+                        "jobs_per_hour_after_first_wave": after_first_wave, "finished_at_s": finished,
+                        "usd_per_job": args.usd_per_gpu_hour / per_hour if per_hour else None,
+                        "peak_gpu_gb_per_job": peak, "posts": [r.post for _, r in done],
+                        "errors": [(r.error or "")[-300:] for _, r in done if not r.ok],
+                        "per_job": [figures(r, args) for _, r in done]}  # where each job's time went
         console.print(json.dumps(results[key]))
         save_partial(args, "pack", results)
     table = Table(title=f"packing on GPU {args.gpu}: {args.family[0]} standard job, {args.model}")
-    for col in ("K", "ok", "wall s", "jobs/hour", "x K=1", "$/job"):
+    for col in ("K", "jobs", "ok", "wall s", "jobs/hour", "x K=1", "after 1st wave", "$/job"):
         table.add_column(col, justify="right")
-    for k, r in results.items():
-        table.add_row(k, str(r["ok"]), fmt(r["wall_s"]), fmt(r["jobs_per_hour"]), fmt(r["vs_k1"]),
-                      fmt(r["usd_per_job"]))
+    for key, r in results.items():
+        table.add_row(key, str(r["jobs"]), str(r["ok"]), fmt(r["wall_s"]), fmt(r["jobs_per_hour"]), fmt(r["vs_k1"]),
+                      fmt(r["jobs_per_hour_after_first_wave"]), fmt(r["usd_per_job"]))
     console.print(table)
     return results
 
@@ -263,6 +286,8 @@ def main() -> int:
     p.add_argument("--mps-pct", default="", help="run each K > 1 with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE at each of "
                    "these values (comma list; 0 = no cap, the default): each job's kernels then use at most that "
                    "share of the SMs")
+    p.add_argument("--pack-jobs", type=int, default=0, help="with --pack: push this many jobs through each K > 1 "
+                   "(a worker's full queue) instead of K at once")
     p.add_argument("--gpu", default="0")
     p.add_argument("--calibration", default=None, help="bench/calibrate.py JSON: use each family's chosen difficulty")
     p.add_argument("--parallel", action="store_true", help="run the families' jobs at once (uplift, not timing)")
