@@ -652,10 +652,13 @@ def test_inline_false_leaves_specs_and_hidden_seeds_unchanged(monkeypatch, tmp_p
     assert "inline" not in base.difficulty and off.model_dump_json() == base.model_dump_json()
     assert on.difficulty == {**base.difficulty, "inline": True}
     assert eval_fingerprint(on) != eval_fingerprint(base) == eval_fingerprint(off)
+    # The shipped spec is the family at its calibrated rung (an inline one): built the same way here.
+    shipped = build_spec("multi_hop", difficulty=dict(FAMILY.calibrated), constraints=CONSTRAINTS)
+    assert shipped.difficulty.get("inline") is True
     committed = json.loads((REPO / "examples" / "tasks" / "multi_hop.json").read_text())
-    assert committed["difficulty"] == base.difficulty
-    assert committed["eval_format"]["system_prompt"] == base.eval_format.system_prompt
-    assert [d["prompt"] for d in committed["dev_examples"]] == [d.prompt for d in base.dev_examples]
+    assert committed["difficulty"] == shipped.difficulty
+    assert committed["eval_format"]["system_prompt"] == shipped.eval_format.system_prompt
+    assert [d["prompt"] for d in committed["dev_examples"]] == [d.prompt for d in shipped.dev_examples]
 
 
 def test_inline_system_prompt_says_the_directory_is_in_the_question():

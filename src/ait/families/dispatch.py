@@ -369,6 +369,8 @@ def build_rule(rng: random.Random, d: DispatchDifficulty, attrs: list[str], requ
 
 class Dispatch(Family):
     name = "dispatch"
+    calibrated = {"n_rules": 2, "conditions_per_rule": 1, "n_attributes": 2, "near_misses": 0,
+                  "inline": True}  # Qwen2.5-Coder-0.5B 0.355, n=200 (H200, 2026-11-30)
     description = (
         "Rule-based request routing: an ordered rule table (first match wins, each rule a "
         "conjunction of attribute conditions, plus a default queue) decides which queue a "

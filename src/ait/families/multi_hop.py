@@ -325,6 +325,8 @@ def render_inline(question: str, world: dict[str, Any]) -> str:
 
 class MultiHop(Family):
     name = "multi_hop"
+    calibrated = {"hops": 1, "n_people": 8, "n_relations": 2, "n_attributes": 2, "n_similar": 0,
+                  "inline": True}  # Qwen2.5-Coder-0.5B 0.255, n=200 (H200, 2026-11-30)
     description = (
         "Multi-hop lookups in a directory of fictional people: a question chains relations "
         "('the city of the mentor of the manager of Alice Varga'). The model must call the "
