@@ -3,6 +3,7 @@ SIGTERM drain and release, and a real job's training process killed from outside
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -291,6 +292,39 @@ def test_slots_share_the_cpu_cores_unless_the_operator_set_threads(monkeypatch):
     assert slot_envs(None, ["0"])[0]["OMP_NUM_THREADS"] == "16"
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the operator's choice reaches the jobs untouched
     assert "OMP_NUM_THREADS" not in slot_envs(4, ["0"], jobs_per_gpu=4)[0]
+
+
+def test_a_jobs_training_and_eval_processes_split_its_threads(monkeypatch, tmp_path):
+    from ait.compute import run_job as run_job_mod
+    from ait.sandbox import RunOutcome
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(16)))
+    assert run_job_mod.split_threads(None) == ({"OMP_NUM_THREADS": "8"}, 16)
+    assert run_job_mod.split_threads({"OMP_NUM_THREADS": "2", "X": "y"}) == ({"OMP_NUM_THREADS": "1", "X": "y"}, 2)
+    assert run_job_mod.split_threads({"OMP_NUM_THREADS": "1"}) == ({"OMP_NUM_THREADS": "1"}, 1)  # never 0
+    # Both processes of a real run_job get the halved share.
+    seen = {}
+
+    class FakeEval:
+        def __init__(self, argv, cwd, log_path, env, stdin):
+            seen["eval"] = env.get("OMP_NUM_THREADS")
+
+        def kill(self):
+            pass
+
+    def fake_train(argv, cwd, timeout_s, log_path, policy, env):
+        seen["train"] = env.get("OMP_NUM_THREADS")
+        return RunOutcome(returncode=1, timed_out=False, seconds=0.1, log_tail="stopped by the test")
+
+    monkeypatch.setattr(run_job_mod, "StartedProcess", FakeEval)
+    monkeypatch.setattr(run_job_mod, "run_untrusted", fake_train)
+    result = run_job_mod.run_job(fake_job(tmp_path, 0), extra_env={"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "4"})
+    assert not result.ok and seen == {"eval": "2", "train": "2"}
+    request = json.loads((tmp_path / "runs" / "j0" / "eval" / "eval_request.json").read_text())
+    assert request["threads_after_go"] == 4  # the eval takes the job's whole share once training ends
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the operator's own setting is left as it is
+    assert run_job_mod.split_threads({}) == ({}, None)
 
 
 def test_jobs_that_share_a_gpu_score_in_smaller_micro_batches(monkeypatch):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from ait.compute.run_job import run_job
+from ait.compute.run_job import run_job, usable_cores
 from ait.job.types import FailReason, Job, JobResult
 from ait.train.request import LOGIT_BUDGET, LOGIT_BUDGET_ENV
 
@@ -77,8 +77,7 @@ def cpu_share(slots: int) -> dict[str, str]:
     """{"OMP_NUM_THREADS": cores // slots (at least 1)}; {} when the operator already set it."""
     if "OMP_NUM_THREADS" in os.environ:
         return {}
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return {"OMP_NUM_THREADS": str(max(1, cores // max(1, slots)))}
+    return {"OMP_NUM_THREADS": str(max(1, usable_cores() // max(1, slots)))}
 
 
 def detect_gpus() -> list[str]:

@@ -58,6 +58,28 @@ def model_read_paths(path: str) -> list[str]:
     return [str(p.parents[1])] if p.parent.name == "snapshots" else [str(p)]
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def split_threads(extra_env: dict[str, str] | None) -> tuple[dict[str, str], int | None]:
+    """(extra_env with OMP_NUM_THREADS halved for each of the job's two processes, the whole share).
+
+    The share is the slot's OMP_NUM_THREADS, else every usable core; training and the eval waiting
+    beside it get half each (the eval takes the whole share back once training ends). Two torch
+    processes that each spin one OpenMP thread per core on the same cores slow each other several
+    times over: a CPU job's sampling ran at 3 tokens/s that way. An operator's own
+    OMP_NUM_THREADS is kept as it is (None for the share)."""
+    env = dict(extra_env or {})
+    if "OMP_NUM_THREADS" in os.environ:
+        return env, None
+    share = env.get("OMP_NUM_THREADS", "")
+    cores = int(share) if share.isdigit() and int(share) > 0 else usable_cores()
+    env["OMP_NUM_THREADS"] = str(max(1, cores // 2))
+    return env, cores
+
+
 def run_job(job: Job, extra_env: dict[str, str] | None = None) -> JobResult:
     """Train then evaluate one job. `extra_env` reaches both processes (e.g. CUDA_VISIBLE_DEVICES
     for the GPU slot an executor assigned).
@@ -66,6 +88,7 @@ def run_job(job: Job, extra_env: dict[str, str] | None = None) -> JobResult:
     its imports, model load and base score overlap training instead of following it. Its files
     live in RUN_DIR/eval/, which the training process cannot write: agent code that ran beside
     it can neither rewrite its request nor plant a link where it writes its report."""
+    extra_env, threads = split_threads(extra_env)
     job_dir = Path(job.run_dir) / "job"
     eval_dir = Path(job.run_dir) / "eval"
     for d in (job_dir, eval_dir):
@@ -84,7 +107,8 @@ def run_job(job: Job, extra_env: dict[str, str] | None = None) -> JobResult:
     checkpoint = job_dir / "checkpoint"  # fixed location: never a path the job chose
     req = EvalRequest(task_path=job.task_path, base_model=job.config.job.base_model,
                       base_model_sha256=base_model.sha256, checkpoint=str(checkpoint),
-                      n=job.eval_size, out_path=str(eval_dir / "eval.json"), wait_for_checkpoint=True)
+                      n=job.eval_size, out_path=str(eval_dir / "eval.json"), wait_for_checkpoint=True,
+                      threads_after_go=threads)
     req_path = eval_dir / "eval_request.json"
     req_path.write_text(req.model_dump_json(indent=2))
     # Our own code: it keeps the full environment but still gets a process group and a timeout.

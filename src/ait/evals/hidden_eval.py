@@ -58,6 +58,9 @@ class EvalRequest(BaseModel):
     checkpoint: `go` (training finished and its output checked: score it) or anything else, or
     end of input (no checkpoint: exit without a report). run_job starts the eval this way beside
     the training process, so the eval's start-up is not on the job's critical path."""
+    threads_after_go: int | None = Field(default=None, ge=1, le=4096)
+    """CPU threads from `go` on: a waiting eval shares the job's cores with training until then
+    (run_job gives each half), and has them all once training has finished."""
 
 
 class EvalReport(BaseModel):
@@ -224,6 +227,8 @@ def evaluate(req: EvalRequest) -> EvalReport:
         t = time.monotonic()
         wait_for_go()
         report.seconds["eval/waited_s"] = time.monotonic() - t
+        if req.threads_after_go:
+            torch.set_num_threads(req.threads_after_go)
     if req.checkpoint:
         report.weights_changed = apply_checkpoint(model, load_checkpoint_tensors(Path(req.checkpoint)))
     if req.checkpoint and examples:
