@@ -11,7 +11,7 @@ import random
 from abc import ABC, abstractmethod
 from typing import Any, Callable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_serializer
 
 from ait.spec import EvalFormat
 
@@ -30,6 +30,19 @@ class ToolCall(BaseModel):
     """Tool name."""
     arguments: dict[str, Any]
     """Keyword arguments."""
+
+
+class InlineDifficulty(BaseModel):
+    """Base of a Difficulty model with an `inline` knob (declared by the family, with its own
+    meaning): a false `inline` is left out of the dump, so specs and hidden-set seeds written
+    before the knob existed stay byte for byte the same."""
+
+    @model_serializer(mode="wrap")
+    def _omit_false_inline(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if isinstance(data, dict) and not getattr(self, "inline", False):
+            data.pop("inline", None)
+        return data
 
 
 class Family(ABC):

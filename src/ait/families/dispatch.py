@@ -42,9 +42,9 @@ import re
 from collections import Counter
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ait.families.base import Example, Family, ToolCall
+from ait.families.base import Example, Family, InlineDifficulty, ToolCall
 from ait.spec import EvalFormat, ToolParam, ToolSpec
 
 # name -> ("int", lo, hi) or ("cat", [values])
@@ -93,7 +93,7 @@ ANSWER_RE = re.compile(r"answer\s*[:=]\s*(.*)", re.IGNORECASE)
 ID_RE = re.compile(r"REQ-\d{4}")
 
 
-class DispatchDifficulty(BaseModel):
+class DispatchDifficulty(InlineDifficulty):
     model_config = ConfigDict(extra="forbid")
 
     n_rules: int = Field(default=6, ge=2, le=12)
@@ -112,12 +112,6 @@ class DispatchDifficulty(BaseModel):
     tools stay available and optional, the world and gold answer are unchanged. Same knob name in every family. Omitted from the dump when
     False, so existing specs and hidden-eval seeds are unchanged."""
 
-    @model_serializer(mode="wrap")
-    def _dump(self, handler):  # type: ignore[no-untyped-def]
-        data = handler(self)
-        if isinstance(data, dict) and not self.inline:
-            data.pop("inline", None)
-        return data
 
     @model_validator(mode="after")
     def _bounds(self) -> "DispatchDifficulty":

@@ -53,9 +53,9 @@ import random
 import re
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ait.families.base import Example, Family, ToolCall
+from ait.families.base import Example, Family, InlineDifficulty, ToolCall
 from ait.spec import EvalFormat, ToolParam, ToolSpec
 
 ACCOUNT_NAMES = ["checking", "savings", "cash", "travel", "rent", "payroll", "reserve", "groceries"]
@@ -68,7 +68,7 @@ ANSWER_RE = re.compile(r"answer\s*[:=]\s*([+\-−]?)\s*\$?\s*([+\-−]?)\s*(\d[\
 ANSWER_LINE_RE = re.compile(r"answer\s*[:=]", re.IGNORECASE)
 
 
-class LedgerDifficulty(BaseModel):
+class LedgerDifficulty(InlineDifficulty):
     model_config = ConfigDict(extra="forbid")
 
     n_accounts: int = Field(default=3, ge=2, le=6)
@@ -91,12 +91,6 @@ class LedgerDifficulty(BaseModel):
     optional; the gold answer is the same. False: the data lives only behind the tools. Left out
     of the dump while false (so existing specs and hidden-set seeds are unchanged)."""
 
-    @model_serializer(mode="wrap")
-    def _dump(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
-        if not self.inline:
-            data.pop("inline", None)
-        return data
 
     @model_validator(mode="after")
     def _check(self) -> "LedgerDifficulty":

@@ -51,9 +51,9 @@ import random
 import re
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ait.families.base import Example, Family, ToolCall
+from ait.families.base import Example, Family, InlineDifficulty, ToolCall
 from ait.spec import EvalFormat, ToolParam, ToolSpec
 
 RELATIONS = ["manager", "mentor", "best_friend", "neighbor", "dentist"]
@@ -114,7 +114,7 @@ INLINE_TRAILER = "Reply with one sentence per step, like \"{steps}\", then the f
 "Ann Lee's mentor is <name>. <name>'s ... is <name>. <name>'s ... is ..." (the hop count, not the later fields)."""
 
 
-class MultiHopDifficulty(BaseModel):
+class MultiHopDifficulty(InlineDifficulty):
     model_config = ConfigDict(extra="forbid")
 
     hops: int = Field(default=2, ge=1, le=6)
@@ -133,12 +133,6 @@ class MultiHopDifficulty(BaseModel):
     (optional) and the gold answer is unchanged. False: the directory lives only behind the tools.
     Left out of model_dump() when False, so existing task specs and hidden-set seeds are unchanged."""
 
-    @model_serializer(mode="wrap")
-    def _dump(self, handler):  # type: ignore[no-untyped-def]
-        data = handler(self)
-        if isinstance(data, dict) and not self.inline:
-            data.pop("inline", None)
-        return data
 
     @model_validator(mode="after")
     def _sizes(self) -> "MultiHopDifficulty":

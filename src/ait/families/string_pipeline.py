@@ -34,9 +34,9 @@ import re
 import string
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ait.families.base import Example, Family, ToolCall
+from ait.families.base import Example, Family, InlineDifficulty, ToolCall
 from ait.spec import EvalFormat, ToolParam, ToolSpec
 
 OPS = ["reverse", "upper", "lower", "rotate_left", "rotate_right", "replace", "drop_vowels", "every_other",
@@ -95,7 +95,7 @@ ANSWER_RE = re.compile(r"answer\**\s*[:=]\**[ \t]*([^\n]*)", re.IGNORECASE)
 STRIP_CHARS = " \t\r\n\"'`"
 
 
-class StringDifficulty(BaseModel):
+class StringDifficulty(InlineDifficulty):
     model_config = ConfigDict(extra="forbid")
 
     n_transforms: int = Field(default=3, ge=1, le=10)
@@ -134,12 +134,6 @@ class StringDifficulty(BaseModel):
             raise ValueError("min_length must not exceed max_length")
         return self
 
-    @model_serializer(mode="wrap")
-    def _omit_false_inline(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
-        if not self.inline:
-            data.pop("inline", None)
-        return data
 
 
 # ---------------------------------------------------------------- pure transforms

@@ -42,9 +42,9 @@ import re
 from collections import deque
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ait.families.base import Example, Family, ToolCall
+from ait.families.base import Example, Family, InlineDifficulty, ToolCall
 from ait.spec import EvalFormat, ToolParam, ToolSpec
 
 SERVICE_POOL = [
@@ -102,7 +102,7 @@ ANSWER_LINE_RE = re.compile(r"answer\s*[:=]\s*(.*)", re.IGNORECASE)
 PAIR_RE = re.compile(r"([a-z][a-z0-9_]*)(?:\s*(?:@|:|==|=|,)\s*|\s+)v?(\d+(?:\.\d+){1,3})(?![\d.]*\d)")
 
 
-class TriageDifficulty(BaseModel):
+class TriageDifficulty(InlineDifficulty):
     model_config = ConfigDict(extra="forbid")
 
     n_services: int = Field(default=5, ge=4, le=8)
@@ -120,12 +120,6 @@ class TriageDifficulty(BaseModel):
     each) and the system prompt says so; the tools stay available and return the same data. Same world
     and gold answer as without it. Left out of the dump when False (specs and hidden seeds unchanged)."""
 
-    @model_serializer(mode="wrap")
-    def _omit_default_inline(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
-        if not self.inline:
-            data.pop("inline", None)
-        return data
 
     @model_validator(mode="after")
     def _enough_services(self) -> "TriageDifficulty":
