@@ -25,7 +25,8 @@ case "$stage" in
   pack)
     python3 bench/inner_job.py --model smollm2-135m --family "${1:-calc_chain}" --trainers fast --pack "${PACK:-1,8,2,4}" \
       --mps-pct "${PACK_MPS_PCT:-}" --pack-jobs "${PACK_JOBS:-0}" \
-      ${CAL:+--calibration $CAL} --json "$OUT/pack.json" > "$OUT/pack.log" 2>&1 ;;
+      ${CAL:+--calibration $CAL} --json "$OUT/${PACK_NAME:-pack}.json" > "$OUT/${PACK_NAME:-pack}.log" 2>&1
+    stage=${PACK_NAME:-pack} ;;  # the tail below shows this run's log
   importtime)  # what a fresh process spends importing torch and transformers (the jobs start two)
     python3 -X importtime -c "import torch, transformers; from transformers import AutoModelForCausalLM" \
       2> "$OUT/importtime.raw"; sort -t'|' -k2 -n -r "$OUT/importtime.raw" | head -40 > "$OUT/importtime.log" ;;

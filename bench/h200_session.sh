@@ -11,6 +11,8 @@
 #   calibrate    untrained scores of both models over every family's ladder (scores)
 #   uplift       the standard job on Qwen at each calibrated rung, five jobs at once (scores); UPLIFT_FAMILIES
 #                picks the families; `uplift_bg` starts it in the background and goes on
+#   pack2        the pack stage again as pack2.json, with PACK2 (default 8) and PACK2_MPS_PCT (default 50):
+#                a second cap, run later in the session (its ratio is against pack's K = 1)
 #   importtime   python -X importtime of torch + transformers (what each job process pays at start)
 #   gputests     pytest -m gpu tests/test_gpu.py (the GPU paths CI cannot run)
 #   convert_bg   dequantise Qwen's GGUF in the background as soon as it is staged (about 3 minutes
@@ -57,6 +59,9 @@ for stage in ${*:-sidebyside pack calibrate arc uplift}; do
   case "$stage" in
     sidebyside) note "sidebyside start"; OUT=$R bench/h200.sh sidebyside calc_chain > /dev/null; note "sidebyside rc=$?" ;;
     pack) start_mps; note "pack start"; OUT=$R bench/h200.sh pack calc_chain > /dev/null; note "pack rc=$?" ;;
+    pack2) start_mps; note "pack2 start"  # K > 1 again at other caps (PACK2_MPS_PCT), e.g. after the uplift
+           PACK=${PACK2:-8} PACK_MPS_PCT=${PACK2_MPS_PCT:-50} PACK_NAME=pack2 OUT=$R bench/h200.sh pack calc_chain \
+             > /dev/null; note "pack2 rc=$?" ;;
     importtime) OUT=$R bench/h200.sh importtime > /dev/null; note "importtime rc=$?" ;;
     convert_bg) ( wait_qwen; note "qwen conversion start"
                   python3 -c "from ait.train.models import resolve_base_model as r; print(r('qwen2.5-coder-0.5b'))" \
