@@ -393,7 +393,7 @@ def test_reference_policy_writes_the_chosen_base_model() -> None:
     root = Path(__file__).resolve().parents[1]
     spec = load_spec(root / "examples" / "tasks" / "calc_chain.json")
     assert {"smollm2-135m", "qwen2.5-coder-0.5b"} <= set(spec.constraints.allowed_base_models)
-    for chosen, expected, lr in [(None, "tiny", "1e-3"), ("smollm2-135m", "smollm2-135m", "3e-6")]:
+    for chosen, expected, lr in [(None, "tiny", "1e-3"), ("smollm2-135m", "smollm2-135m", "1e-6")]:
         policy = ReferencePolicy(base_model=chosen)
         policy.reset(spec)
         messages = [Message(role="tool", name="read_file", content=spec.model_dump_json())]

@@ -65,5 +65,5 @@ def test_warm_start_transcripts_cover_each_listed_base_model(tmp_path: Path) -> 
                     if c.name == "write_file" and c.arguments.get("path") == "job.toml")
         written.append(toml)
     assert len(written) == 2
-    assert 'base_model = "smollm2-135m"' in written[0] and "learning_rate = 3e-6" in written[0]
+    assert 'base_model = "smollm2-135m"' in written[0] and "learning_rate = 1e-6" in written[0]
     assert 'base_model = "tiny"' in written[1]
