@@ -95,6 +95,12 @@ def figures(r: JobResult, args) -> dict:
         "load_s": m.get("train/load_seconds", 0.0) + m.get("eval/load_s", 0.0),
         "pre_eval_s": m.get("eval/pre_s"), "train_s": train_s, "post_eval_s": m.get("eval/post_s"),
         "total_s": total, "s_per_step": train_s / steps if steps else None,
+        # the training process's own timeline: sandbox + interpreter start, imports, load, loop, save
+        "timeline": {"train_process_s": r.train_seconds, "import_s": m.get("train/import_seconds"),
+                     "train_load_s": m.get("train/load_seconds"), "train_loop_s": train_s,
+                     "save_s": m.get("train/save_seconds"), "in_process_s": m.get("train/in_process_seconds"),
+                     "eval_load_s": m.get("eval/load_s"), "eval_waited_s": m.get("eval/waited_s"),
+                     "post_eval_s": m.get("eval/post_s")},
         "gen_tokens_per_s": (tokens / train_s) if tokens and train_s else None,
         "peak_gpu_gb": m.get("train/peak_gpu_memory_gb"), "pre": r.pre, "post": r.post,
         "uplift": (r.post - r.pre) if r.ok and r.pre is not None and r.post is not None else None,

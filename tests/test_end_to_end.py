@@ -126,6 +126,11 @@ def test_training_updates_weights(tmp_path, spec, lora):
     else:
         assert len(changed) >= len(base) // 2, f"only {changed} changed"
     assert result.metrics["train/num_tokens"] > 0
+    # the job's timeline adds up: imports, load, loop and save happen inside the training process,
+    # which the worker's clock (sandbox and interpreter start included) measures from outside
+    m = result.metrics
+    parts = m["train/import_seconds"] + m["train/load_seconds"] + m["train/seconds"] + m["train/save_seconds"]
+    assert 0 < parts <= m["train/in_process_seconds"] <= result.train_seconds
 
 
 def test_crashing_job_is_a_failed_result_and_the_episode_completes(tmp_path, spec, monkeypatch):

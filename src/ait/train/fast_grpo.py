@@ -314,9 +314,11 @@ def train(job: Job, base_model_path: str, sampling_dtype: torch.dtype | None = N
     train_seconds = time.monotonic() - start
 
     checkpoint = out_dir / "checkpoint"
+    t_save = time.monotonic()
     save_checkpoint(model, checkpoint, device)
     metrics = summarize(history)
     metrics.update({"train/load_seconds": load_seconds, "train/seconds": train_seconds,
+                    "train/save_seconds": time.monotonic() - t_save,
                     "train/graphs_captured": float(decoder.stats["graphs_captured"]),
                     "train/skipped_nonfinite_steps": float(skipped)})
     if device.type == "cuda":

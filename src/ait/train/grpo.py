@@ -143,10 +143,12 @@ def train(job: Job, base_model_path: str) -> TrainOutput:
     if peft_config is not None:
         model = model.merge_and_unload()
     checkpoint = out_dir / "checkpoint"
+    t_save = time.monotonic()
     model.save_pretrained(checkpoint, safe_serialization=True)
     metrics = summarize_log(trainer.state.log_history)
     metrics.update({f"train/reward_errors/{k}": float(v) for k, v in reward_errors.items()})
-    metrics.update({"train/load_seconds": load_seconds, "train/seconds": train_seconds})
+    metrics.update({"train/load_seconds": load_seconds, "train/seconds": train_seconds,
+                    "train/save_seconds": time.monotonic() - t_save})
     import torch
 
     if torch.cuda.is_available():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 from ait.train.request import EXIT_OOM, TrainRequest
@@ -20,11 +21,13 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     request = TrainRequest.model_validate_json(Path(argv[0]).read_text())
     job = request.job
+    t0 = time.monotonic()
     try:
         if request.trainer == "trl":
             from ait.train.grpo import train
         else:
             from ait.train.fast_grpo import train
+        imported = time.monotonic()
         output = train(job, request.base_model_path)
     except Exception as e:
         import torch
@@ -33,6 +36,10 @@ def main(argv: list[str]) -> int:
             print(f"ait: out of memory during training: {e}", file=sys.stderr)
             return EXIT_OOM
         raise
+    # Where a job's seconds go before and after the train loop (torch and transformers imports are
+    # seconds of a job's start; the worker's clock, JobResult.train_seconds, also counts the sandbox).
+    output.metrics["train/import_seconds"] = imported - t0
+    output.metrics["train/in_process_seconds"] = time.monotonic() - t0
     (Path(job.run_dir) / "job" / "train_output.json").write_text(output.model_dump_json(indent=2))
     return 0
 
