@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import stat
 import tempfile
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 from ait.job.config import JobConfigError, load_job_config
 from ait.probe.checks import verdict
 from ait.probe.types import Observations, ProbeCheck, ProbeError, ProbeReport, ProbeRequest
+from ait.safe_io import read_regular_file
 from ait.sandbox import Limits, SandboxPolicy, run_untrusted, scrubbed_env
 from ait.sandbox.zygote import Zygote
 from ait.spec import TaskSpec
@@ -29,19 +29,6 @@ PROBE_PRELOAD = ["ait.probe.child", "ait.probe.dry_run", "ait.evals.rollout", "t
                  "transformers.models.qwen3.modeling_qwen3", "trl.chat_template_utils"]
 PROBE_LIMITS = Limits(cpu_s=300, file_bytes=256 * 2**20, processes=64, address_space_bytes=8 * 2**30,
                       memory_bytes=4 * 2**30)
-
-
-def read_regular_file(path: Path, limit: int) -> bytes:
-    """Read a file the child wrote, refusing links, FIFOs, devices and oversize files:
-    the child is untrusted and could plant any of them at the path."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-            raise ValueError(f"{path.name} is not a regular file under {limit} bytes")
-        return os.read(fd, limit + 1)[:limit]
-    finally:
-        os.close(fd)
 
 
 @functools.cache

@@ -26,6 +26,7 @@ import traceback
 from pathlib import Path
 
 from ait.sandbox.launch import LaunchPlan, apply
+from ait.sandbox.process import Capture, kill_group_pid, python_argv
 
 PR_SET_PDEATHSIG = 1
 
@@ -45,7 +46,8 @@ class Zygote:
 
     def _start(self) -> subprocess.Popen:
         if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([sys.executable, "-m", "ait.sandbox.zygote", *self.preload],
+            home = self.env.get("HOME") or "/"
+            self.proc = subprocess.Popen(python_argv(["-m", "ait.sandbox.zygote", *self.preload]), cwd=home,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env, text=True,
                                          start_new_session=True)
         return self.proc
@@ -53,7 +55,7 @@ class Zygote:
     def run(self, plan: LaunchPlan, module: str, argv: list[str], *, cwd: str, env: dict[str, str],
             log_path: str, timeout_s: float) -> dict:
         """Fork a child that runs `python -m module argv...` under `plan`; returns
-        {"returncode", "timed_out", "seconds"}. Raises ZygoteError if the zygote failed."""
+        {"returncode", "timed_out", "seconds", "log_tail"}. Raises ZygoteError if the zygote failed."""
         request = {"plan": plan.model_dump(), "module": module, "argv": argv, "cwd": cwd, "env": env,
                    "log_path": log_path, "timeout_s": timeout_s}
         with self.lock:
@@ -105,8 +107,6 @@ def _child(req: dict, write_fd: int) -> None:
 
 
 def _serve_one(req: dict) -> dict:
-    from ait.sandbox import _capture, kill_group_pid
-
     read_fd, write_fd = os.pipe()
     start = time.monotonic()
     pid = os.fork()
@@ -114,8 +114,7 @@ def _serve_one(req: dict) -> dict:
         os.close(read_fd)
         _child(req, write_fd)
     os.close(write_fd)
-    reader = threading.Thread(target=_capture, args=(os.fdopen(read_fd, "rb"), Path(req["log_path"])), daemon=True)
-    reader.start()
+    capture = Capture(os.fdopen(read_fd, "rb"), Path(req["log_path"]))
     deadline, status, timed_out = start + req["timeout_s"], None, False
     while status is None:
         done, raw = os.waitpid(pid, os.WNOHANG)
@@ -128,9 +127,9 @@ def _serve_one(req: dict) -> dict:
         else:
             time.sleep(0.005)
     kill_group_pid(pid)  # whatever the child left running in its group
-    reader.join(timeout=10)
+    capture.join()
     return {"returncode": None if timed_out else os.waitstatus_to_exitcode(status), "timed_out": timed_out,
-            "seconds": time.monotonic() - start}
+            "seconds": time.monotonic() - start, "log_tail": capture.tail()}
 
 
 def main(preload: list[str]) -> None:
