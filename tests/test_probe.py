@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -602,7 +603,9 @@ def test_parent_environ_is_not_readable_from_env_py(tmp_path: Path) -> None:
     proc = probe_in_subprocess(ws, tmp_path, timeout_s=30, OPENAI_API_KEY=SECRET)
     assert proc.returncode == 0, proc.stderr
     report = ProbeReport.model_validate_json(proc.stdout)
-    assert "PermissionError" in report.errors[0].message and "environ" in report.errors[0].message  # refused
+    # Refused by Landlock, or the parent is not even in the run's PID namespace (getppid() is 0 there).
+    message = report.errors[0].message
+    assert ("PermissionError" in message or "FileNotFoundError" in message) and "environ" in message, message
     assert SECRET not in proc.stdout
 
 
@@ -625,7 +628,8 @@ def test_hidden_secret_is_not_readable_from_env_py(monkeypatch: pytest.MonkeyPat
         raise ValueError("HIDDEN=" + found)
     """))
     report = probe_workspace(ws, probe_spec, timeout_s=30)
-    assert "HIDDEN=unreadable (PermissionError)" in report.errors[0].message  # ran, and Landlock refused the read
+    # It ran, and the read was refused (Landlock) or the file does not exist in the private root.
+    assert re.search(r"HIDDEN=unreadable \((PermissionError|FileNotFoundError)\)", report.errors[0].message)
     assert secret not in report.model_dump_json()
 
 

@@ -69,6 +69,25 @@ def create(max_pids: int, max_memory_bytes: int | None) -> list[str]:
     return made
 
 
+def oom_events(dirs: list[str]) -> dict[str, bool]:
+    """What the kernel saw of the run's memory: {"oom_killed": the OOM killer killed one of its
+    processes, "memory_observed": a memory cgroup watched it (so the answer is an observation)}.
+    Read before `destroy`; v2 memory.events and v1 memory.oom_control both count `oom_kill`."""
+    observed = killed = False
+    for d in dirs:
+        for name in ("memory.events", "memory.oom_control"):
+            try:
+                text = (Path(d) / name).read_text()
+            except OSError:
+                continue
+            observed = True
+            for line in text.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and value.strip().isdigit() and int(value) > 0:
+                    killed = True
+    return {"oom_killed": killed, "memory_observed": observed}
+
+
 def destroy(dirs: list[str], timeout_s: float = 15.0) -> None:
     """Kill every process in the run's cgroups, then remove them."""
     paths = [Path(d) for d in dirs]

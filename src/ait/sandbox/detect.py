@@ -15,16 +15,17 @@ import sys
 from ait.sandbox import cgroup
 from ait.sandbox.types import Capabilities, Layer
 
-DETECTOR_VERSION = 4  # bump when layers change, so cached detections are redone
+DETECTOR_VERSION = 5  # bump when layers change, so cached detections are redone
 
 
 
 def _try_in_child() -> dict[str, str]:
     """Run in a throwaway process: apply each layer and see it bite. Returns name -> detail ('' = works)."""
-    from ait.sandbox import caps, landlock, namespaces, seccomp
+    from ait.sandbox import caps, landlock, mounts, namespaces, seccomp
 
     out: dict[str, str] = {}
     out["namespaces"] = namespaces.works()  # before seccomp, which refuses unshare
+    out["mounts"] = mounts.works()
     abi = landlock.abi_version()
     out["landlock"] = f"ABI {abi}" if abi else "kernel has no Landlock (needs Linux >= 5.13 with landlock in the LSM list)"
     try:
@@ -41,8 +42,10 @@ def _try_in_child() -> dict[str, str]:
 
 
 def detect() -> Capabilities:
-    proc = subprocess.run([sys.executable, "-m", "ait.sandbox.detect", "--child"], capture_output=True, text=True,
-                          timeout=60)
+    from ait.sandbox.process import python_argv
+
+    proc = subprocess.run(python_argv(["-m", "ait.sandbox.detect", "--child"]), capture_output=True, text=True,
+                          timeout=60, cwd="/")
     try:
         tried = json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -53,6 +56,7 @@ def detect() -> Capabilities:
     root = os.geteuid() == 0
     groups = cgroup.available()
     ns_problem = tried.get("namespaces", "detection failed")
+    mounts_problem = tried.get("mounts", "detection failed")
     layers = [
         Layer(name="session", active=True, isolating=False,
               detail="own session and process group, killed as a group on timeout; parent-death signal"),
@@ -63,8 +67,12 @@ def detect() -> Capabilities:
               detail=(f"{abi_detail}: reads only from an allow-list, writes only in the job directory"
                       + ("; no TCP" if abi >= 4 else "; TCP not filtered (ABI < 4)")
                       + ("; no signals outside the sandbox" if abi >= 6 else "")) if landlock_ok else abi_detail),
+        Layer(name="mounts", active=not mounts_problem, isolating=True,
+              detail="private root in mount and PID namespaces: only the allowed paths exist (no host sockets, "
+                     "/tmp or /dev/shm), a fresh /proc, PID 1 kills what the run leaves behind"
+              if not mounts_problem else mounts_problem),
         Layer(name="seccomp", active=tried.get("seccomp") == "ok", isolating=True,
-              detail="no network sockets, ptrace, mount, namespaces, bpf, keyctl, module loading"
+              detail="no network sockets, no connect(2), ptrace, mount, namespaces, bpf, keyctl, module loading"
               if tried.get("seccomp") == "ok" else tried.get("seccomp", "detection failed")),
         Layer(name="capabilities", active=root and tried.get("capabilities") == "ok", isolating=True,
               detail="running as root: every capability dropped before agent code runs" if root

@@ -2,9 +2,8 @@
 and abstract unix sockets are private too), IPC and hostname for the run.
 
 As root the namespaces are created directly; as an ordinary user a user namespace comes
-first (unprivileged user namespaces), mapping the user to itself. PID and mount namespaces
-(what bubblewrap adds) are not created here: Landlock already hides other processes'
-/proc entries and everything outside the allow-lists.
+first (unprivileged user namespaces), mapping the user to itself. The mount and PID
+namespaces that hide the host's files and processes are `ait.sandbox.mounts`.
 """
 
 from __future__ import annotations
@@ -15,23 +14,31 @@ import os
 CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWNET = 0x04000000, 0x08000000, 0x10000000, 0x40000000
 
 
+def _unshare(flags: int, what: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(flags) != 0:
+        raise OSError(ctypes.get_errno(), f"unshare({what}): {os.strerror(ctypes.get_errno())}")
+
+
+def enter_user_namespace() -> None:
+    """As an ordinary user: a user namespace mapping us to ourselves, so the namespaces that follow
+    can be created (file ownership looks unchanged). A no-op as root."""
+    if os.geteuid() == 0:
+        return
+    uid, gid = os.getuid(), os.getgid()
+    _unshare(CLONE_NEWUSER, "CLONE_NEWUSER")
+    with open("/proc/self/setgroups", "w") as f:
+        f.write("deny")
+    with open("/proc/self/uid_map", "w") as f:
+        f.write(f"{uid} {uid} 1")
+    with open("/proc/self/gid_map", "w") as f:
+        f.write(f"{gid} {gid} 1")
+
+
 def enter(ipc: bool = True) -> None:
     """Move this process into new net, IPC (unless ipc=False: CUDA MPS clients share the host's)
-    and UTS namespaces (irreversible)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    flags = CLONE_NEWNET | CLONE_NEWUTS | (CLONE_NEWIPC if ipc else 0)
-    uid, gid = os.getuid(), os.getgid()
-    if os.geteuid() != 0:
-        flags |= CLONE_NEWUSER
-    if libc.unshare(flags) != 0:
-        raise OSError(ctypes.get_errno(), f"unshare: {os.strerror(ctypes.get_errno())}")
-    if flags & CLONE_NEWUSER:  # map ourselves to ourselves so file ownership looks unchanged
-        with open("/proc/self/setgroups", "w") as f:
-            f.write("deny")
-        with open("/proc/self/uid_map", "w") as f:
-            f.write(f"{uid} {uid} 1")
-        with open("/proc/self/gid_map", "w") as f:
-            f.write(f"{gid} {gid} 1")
+    and UTS namespaces (irreversible). Call enter_user_namespace first when not root."""
+    _unshare(CLONE_NEWNET | CLONE_NEWUTS | (CLONE_NEWIPC if ipc else 0), "CLONE_NEWNET|NEWIPC|NEWUTS")
 
 
 def works() -> str:
@@ -39,6 +46,7 @@ def works() -> str:
     pid = os.fork()
     if pid == 0:
         try:
+            enter_user_namespace()
             enter()
             os._exit(0 if os.listdir("/sys/class/net") is not None else 1)
         except Exception:

@@ -1,6 +1,10 @@
 """seccomp-bpf: syscalls agent code never needs, refused with EPERM.
 
-No network sockets (only AF_UNIX, which Python and torch use internally), no ptrace,
+No network sockets (only AF_UNIX, which Python and torch use internally), and no connect(2):
+a Unix socket can be paired (socketpair) or listened on, never connected to a path, so a
+daemon's socket on the host (docker.sock, an MPS or nscd pipe) is out of reach even where no
+private mount namespace hides it. A CUDA MPS client must connect to its daemon: with
+`allow_connect` the filter lets it (the private root then holds only the MPS pipe directory). No ptrace,
 no mounts or new namespaces, no bpf, no kernel keyring, no module loading, no reading
 other processes' memory, and no leaving the process group (setsid/setpgid), so a
 timeout's group kill reaches every process the run started. A classic-BPF program built here and installed with prctl;
@@ -16,8 +20,9 @@ import struct
 
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 RET_ALLOW, RET_ERRNO = 0x7FFF0000, 0x00050000
-LD_W_ABS, JEQ_K, JGE_K, JSET_K, RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
-AF_UNIX = 1
+LD_W_ABS, JEQ_K, JGE_K, JSET_K, RET_K, AND_K = 0x20, 0x15, 0x35, 0x45, 0x06, 0x54
+AF_UNIX, SOCK_STREAM, SOCK_SEQPACKET, SOCK_TYPE_MASK = 1, 1, 5, 0xF
+CONNECT = {"x86_64": 42, "aarch64": 203}
 NEW_NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
 
 ARCH = {  # audit arch, socket, clone, clone3, denied syscalls
@@ -53,8 +58,13 @@ def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("HBBI", code, jt, jf, k)
 
 
-def build_filter(machine: str | None = None) -> bytes:
-    audit_arch, nr_socket, nr_clone, nr_clone3, denied = ARCH[machine or platform.machine()]
+def build_filter(machine: str | None = None, allow_connect: bool = False) -> bytes:
+    """The BPF program. Without `allow_connect`: no connect(2), and Unix sockets only of the
+    connection-oriented types (a datagram socket could send to a path without connecting)."""
+    machine = machine or platform.machine()
+    audit_arch, nr_socket, nr_clone, nr_clone3, denied = ARCH[machine]
+    if not allow_connect:
+        denied = {**denied, "connect": CONNECT[machine]}
     eperm, enosys = RET_ERRNO | errno.EPERM, RET_ERRNO | errno.ENOSYS
     prog = [
         _insn(LD_W_ABS, 0, 0, 4),                 # A = arch
@@ -68,13 +78,30 @@ def build_filter(machine: str | None = None) -> bytes:
         prog += [_insn(JEQ_K, 0, 1, nr), _insn(RET_K, 0, 0, eperm)]
     # clone3 passes its flags in memory BPF cannot read: ENOSYS makes libc fall back to clone.
     prog += [_insn(JEQ_K, 0, 1, nr_clone3), _insn(RET_K, 0, 0, enosys)]
-    # socket(domain, ...): AF_UNIX only. clone(flags, ...): no new namespaces.
+    # socket(domain, type, ...): AF_UNIX only (and only stream or seqpacket without connect).
+    if allow_connect:
+        prog += [
+            _insn(JEQ_K, 0, 4, nr_socket),
+            _insn(LD_W_ABS, 0, 0, 16),            # A = low 32 bits of args[0]
+            _insn(JEQ_K, 1, 0, AF_UNIX),
+            _insn(RET_K, 0, 0, eperm),
+            _insn(RET_K, 0, 0, RET_ALLOW),
+        ]
+    else:
+        prog += [
+            _insn(JEQ_K, 0, 9, nr_socket),
+            _insn(LD_W_ABS, 0, 0, 16),            # A = domain
+            _insn(JEQ_K, 1, 0, AF_UNIX),
+            _insn(RET_K, 0, 0, eperm),
+            _insn(LD_W_ABS, 0, 0, 24),            # A = type (low 32 bits of args[1])
+            _insn(AND_K, 0, 0, SOCK_TYPE_MASK),   # without SOCK_NONBLOCK / SOCK_CLOEXEC
+            _insn(JEQ_K, 2, 0, SOCK_STREAM),
+            _insn(JEQ_K, 1, 0, SOCK_SEQPACKET),
+            _insn(RET_K, 0, 0, eperm),
+            _insn(RET_K, 0, 0, RET_ALLOW),
+        ]
+    # clone(flags, ...): no new namespaces.
     prog += [
-        _insn(JEQ_K, 0, 4, nr_socket),
-        _insn(LD_W_ABS, 0, 0, 16),                # A = low 32 bits of args[0]
-        _insn(JEQ_K, 1, 0, AF_UNIX),
-        _insn(RET_K, 0, 0, eperm),
-        _insn(RET_K, 0, 0, RET_ALLOW),
         _insn(JEQ_K, 0, 3, nr_clone),
         _insn(LD_W_ABS, 0, 0, 16),
         _insn(JSET_K, 0, 1, NEW_NAMESPACE_FLAGS),
@@ -84,11 +111,11 @@ def build_filter(machine: str | None = None) -> bytes:
     return b"".join(prog)
 
 
-def install() -> None:
+def install(allow_connect: bool = False) -> None:
     """Install the filter on this process (irreversible; inherited by children and exec)."""
     if not supported():
         raise SeccompError(f"no seccomp table for {platform.machine()}")
-    code = build_filter()
+    code = build_filter(allow_connect=allow_connect)
     buf = ctypes.create_string_buffer(code, len(code))
 
     class SockFprog(ctypes.Structure):

@@ -32,14 +32,15 @@ class SandboxPolicy(BaseModel):
     mps_pipe_dir: str | None = None
     """With gpu: the CUDA MPS daemon's pipe directory, so packed jobs share the GPU through MPS
     (kernels of several processes run at once instead of time-sliced). The run may then reach
-    that directory and /dev/shm, and keeps the host's IPC namespace, as MPS clients must."""
+    that directory (and may connect to its sockets), and keeps the host's IPC namespace, as MPS
+    clients must; only where the private root hides every other socket (ait.sandbox.gpu_settings)."""
     limits: Limits = Field(default_factory=Limits)
     """Resource limits."""
 
 
 class Layer(BaseModel):
     name: str
-    """Layer name (session, rlimits, env, landlock, seccomp, capabilities, cgroups, namespaces)."""
+    """Layer name (session, rlimits, env, landlock, mounts, seccomp, capabilities, cgroups, namespaces)."""
     active: bool
     """Whether it is applied on this host."""
     isolating: bool
@@ -63,4 +64,11 @@ class Capabilities(BaseModel):
 
     @property
     def isolating(self) -> bool:
-        return any(layer.active and layer.isolating for layer in self.layers)
+        """Agent code may run here: a layer that confines the file system is active (Landlock or a
+        private mount namespace), so the secret and the hidden set stay unreadable. seccomp,
+        dropped capabilities or a network namespace alone do not keep a file from being read."""
+        return any(self.active(name) for name in FILESYSTEM_LAYERS)
+
+
+FILESYSTEM_LAYERS = ("landlock", "mounts")
+"""The layers that keep files outside the allow-lists unreadable; agent code runs only under one."""
