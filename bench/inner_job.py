@@ -18,7 +18,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -256,17 +255,17 @@ def warm_pre_cache(args, out: Path) -> None:
     """Score each family's untrained base once, untimed: the hidden eval caches that score, so
     every timed job (either trainer, any K) then reads it the same way, as jobs of an outer
     step do, instead of the first timed job alone paying for it."""
-    from ait.evals.hidden_eval import EvalRequest
+    from ait.evals.runner import eval_request, run_eval
+    from ait.spec import load_spec
+    from ait.train.models import resolve_base_model
 
+    model = resolve_base_model(args.model)
     for family in args.family:
-        req = EvalRequest(task_path=str(task_path(family, out, args)), base_model=args.model, n=args.eval_n,
-                          out_path=str(out / f"pre-{family}.json"))
-        path = out / f"pre-{family}-request.json"
-        path.write_text(req.model_dump_json())
+        eval_dir = out / f"pre-{family}"
+        req = eval_request(load_spec(task_path(family, out, args)), model, eval_dir, n=args.eval_n)
         t0 = time.monotonic()
-        subprocess.run([sys.executable, "-m", "ait.evals.hidden_eval", str(path)], check=True,
-                       env={**os.environ, "CUDA_VISIBLE_DEVICES": args.gpu})
-        pre = json.loads((out / f"pre-{family}.json").read_text())["pre"]
+        pre = run_eval(req, eval_dir, out / f"pre-{family}.log", readable=[],
+                       extra_env={"CUDA_VISIBLE_DEVICES": args.gpu}).pre
         console.print(f"{family}: untrained score {pre:.3f} on n={args.eval_n} ({time.monotonic() - t0:.1f}s, "
                       "cached for the timed jobs)")
 

@@ -1,5 +1,5 @@
 """The hidden eval and its base weights: their score computed once per (weights, set, format, numerics),
-and the weights checked to be the ones the job trained from."""
+remembered by the trusted side (the eval itself only reads the cache)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,15 @@ import json
 from pathlib import Path
 
 from ait.evals import hidden_eval
-from ait.evals.hidden_eval import EvalRequest, evaluate
+from ait.evals.runner import eval_request, evaluate_here, pre_cache_dir
+from ait.spec import load_spec
+from ait.train.models import resolve_base_model
 
 TASK = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "calc_chain_fast.json"
 
 
 def run(tmp_path: Path, n: int = 11) -> hidden_eval.EvalReport:
-    return evaluate(EvalRequest(task_path=str(TASK), base_model="tiny", n=n, out_path=str(tmp_path / "e.json")))
+    return evaluate_here(eval_request(load_spec(TASK), resolve_base_model("tiny"), tmp_path, n=n))
 
 
 def test_pre_is_scored_once_then_read_back(tmp_path: Path, monkeypatch) -> None:
@@ -29,7 +31,7 @@ def test_pre_is_scored_once_then_read_back(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_the_cache_is_what_is_reported_and_a_broken_entry_is_rescored(tmp_path: Path, monkeypatch) -> None:
-    cache = Path(hidden_eval.ait_home()) / "pre_scores"
+    cache = pre_cache_dir()
     before = set(cache.glob("*.json"))
     first = run(tmp_path, n=13)
     (path,) = set(cache.glob("*.json")) - before
@@ -41,18 +43,17 @@ def test_the_cache_is_what_is_reported_and_a_broken_entry_is_rescored(tmp_path: 
     assert json.loads(path.read_text())["pre"] == first.pre
 
 
-def test_the_eval_refuses_a_base_that_changed_since_training(tmp_path: Path) -> None:
-    import pytest
+def test_the_cache_file_is_named_by_the_trusted_side_only(tmp_path: Path) -> None:
+    """The eval (sandboxed) says which key its pre belongs to; a key this code never makes is ignored,
+    so the eval cannot make the trusted side write a file of its choosing."""
+    from ait.evals.runner import remember_pre
 
-    from ait.train.models import resolve_base_model
-
-    sha = resolve_base_model("tiny").sha256
-    ok = evaluate(EvalRequest(task_path=str(TASK), base_model="tiny", base_model_sha256=sha, n=2,
-                              out_path=str(tmp_path / "e.json")))
-    assert ok.n == 2
-    with pytest.raises(hidden_eval.BaseModelMismatch, match="not the 0{12} the job trained from"):
-        evaluate(EvalRequest(task_path=str(TASK), base_model="tiny", base_model_sha256="0" * 64, n=2,
-                             out_path=str(tmp_path / "e.json")))
+    before = set(pre_cache_dir().iterdir())
+    remember_pre(pre_cache_dir(), "../../hidden_secret", 0.5)
+    remember_pre(pre_cache_dir(), "a" * 32, 1.5)
+    assert set(pre_cache_dir().iterdir()) == before
+    remember_pre(pre_cache_dir(), "a" * 32, 0.5)
+    assert (pre_cache_dir() / ("a" * 32 + ".json")).read_text() == '{"pre": 0.5}'
 
 
 def test_a_change_to_the_scoring_code_is_a_new_cache_key(tmp_path: Path, monkeypatch) -> None:

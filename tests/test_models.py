@@ -223,12 +223,13 @@ def test_gguf_is_dequantised_once_and_cached_as_safetensors(tiny_gguf: Path) -> 
 
 
 def test_hidden_eval_loads_a_gguf_base_from_the_cache(tiny_gguf: Path, tmp_path: Path) -> None:
-    from ait.evals.hidden_eval import EvalRequest, evaluate
+    from ait.evals.runner import eval_request, evaluate_here
+    from ait.spec import load_spec
 
     resolve_base_model(str(tiny_gguf))
     before = gguf_mod.conversions
     task = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "calc_chain_fast.json"
-    report = evaluate(EvalRequest(task_path=str(task), base_model=str(tiny_gguf), n=2, out_path=str(tmp_path / "e")))
+    report = evaluate_here(eval_request(load_spec(task), resolve_base_model(str(tiny_gguf)), tmp_path, n=2))
     assert report.n == 2 and report.pre is not None and gguf_mod.conversions == before
 
 

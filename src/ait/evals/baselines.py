@@ -87,16 +87,9 @@ class BaselineStore:
 
 
 def measure_pre(task_path: str | Path, base_model: str, n: int | None = None):
-    """Score the untrained model on the hidden set, in a separate eval process."""
-    from ait.evals.hidden_eval import EvalReport, EvalRequest
-    from ait.sandbox import run_process
+    """Score the untrained model on the hidden set, in the sandboxed eval process."""
+    from ait.evals.runner import scratch_eval
+    from ait.spec import load_spec
+    from ait.train.models import resolve_base_model
 
-    with tempfile.TemporaryDirectory(prefix="ait-baseline-") as tmp:
-        req = EvalRequest(task_path=str(Path(task_path).resolve()), base_model=base_model, n=n,
-                          out_path=str(Path(tmp) / "eval.json"))
-        (Path(tmp) / "req.json").write_text(req.model_dump_json())
-        outcome = run_process(["-m", "ait.evals.hidden_eval", str(Path(tmp) / "req.json")], cwd=tmp,
-                              timeout_s=3600, log_path=Path(tmp) / "eval.log")
-        if outcome.returncode != 0:
-            raise RuntimeError(f"baseline eval of {base_model} failed:\n{outcome.log_tail}")
-        return EvalReport.model_validate_json(Path(req.out_path).read_text())
+    return scratch_eval(load_spec(task_path), resolve_base_model(base_model), n=n)
