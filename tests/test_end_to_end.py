@@ -163,14 +163,22 @@ def test_job_past_its_budget_is_killed_as_timeout(tmp_path, spec):
     assert not result.ok and result.fail_reason is FailReason.timeout
 
 
-def test_failure_classification():
-    def outcome(code, timed_out=False, log=""):
-        return RunOutcome(returncode=code, timed_out=timed_out, seconds=1.0, log_tail=log)
+def test_failure_classification_comes_from_observations_not_from_the_log():
+    def outcome(code, timed_out=False, log="", oom_killed=False, memory_observed=False):
+        return RunOutcome(returncode=code, timed_out=timed_out, seconds=1.0, log_tail=log, oom_killed=oom_killed,
+                          memory_observed=memory_observed)
 
     assert classify_failure(outcome(None, timed_out=True)) is FailReason.timeout
-    assert classify_failure(outcome(3)) is FailReason.oom
-    assert classify_failure(outcome(1, log="torch.OutOfMemoryError: CUDA out of memory")) is FailReason.oom
-    assert classify_failure(outcome(1, log="torch.AcceleratorError: CUDA error: out of memory")) is FailReason.oom
+    assert classify_failure(outcome(3)) is FailReason.oom  # the trainer's own exit status for OutOfMemoryError
+    assert classify_failure(outcome(5)) is FailReason.gpu_fault
+    # What the job printed decides nothing: any job can print these.
+    assert classify_failure(outcome(1, log="torch.OutOfMemoryError: CUDA out of memory")) is FailReason.crash
+    assert classify_failure(outcome(1, log="torch.AcceleratorError: CUDA error: out of memory")) is FailReason.crash
+    assert classify_failure(outcome(1, log="illegal memory access")) is FailReason.crash
+    # SIGKILL: an OOM kill when the memory cgroup saw one, a kill when it watched and saw none,
+    # and (no cgroup to ask) most likely the kernel's OOM killer.
+    assert classify_failure(outcome(-9, oom_killed=True, memory_observed=True)) is FailReason.oom
+    assert classify_failure(outcome(-9, memory_observed=True)) is FailReason.killed
     assert classify_failure(outcome(-9)) is FailReason.oom
     assert classify_failure(outcome(-15)) is FailReason.killed
     assert classify_failure(outcome(1, log="ValueError: x")) is FailReason.crash

@@ -76,7 +76,7 @@ def test_a_lone_job_always_starts_even_above_the_estimate():
 @pytest.mark.parametrize("reason,error", [
     (FailReason.oom, "CUDA out of memory"),
     # Under MPS a fault in one client tears down every client on the GPU (seen on the H200).
-    (FailReason.crash, "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"),
+    (FailReason.gpu_fault, "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"),
 ])
 def test_an_oom_or_gpu_fault_while_packed_is_rerun_alone(tmp_path, reason, error):
     calls, running, lock = [], [0], threading.Lock()
@@ -95,8 +95,8 @@ def test_an_oom_or_gpu_fault_while_packed_is_rerun_alone(tmp_path, reason, error
         with lock:
             running[0] -= 1
         if job.job_id == "big" and not alone:
-            return JobResult(job_id=job.job_id, ok=False, fail_reason=reason, error=error)
-        return JobResult(job_id=job.job_id, ok=True)
+            return JobResult(job_id=job.job_id, ok=False, fail_reason=reason, error=error, train_seconds=7.0)
+        return JobResult(job_id=job.job_id, ok=True, train_seconds=5.0)
 
     ex = LocalExecutor(slot_envs(2, ["0"], jobs_per_gpu=2), job_fn=job_fn, capacity_gib={"0": 1000.0})
     big = reference_job(tmp_path / "a").model_copy(update={"job_id": "big"})
@@ -108,16 +108,22 @@ def test_an_oom_or_gpu_fault_while_packed_is_rerun_alone(tmp_path, reason, error
     for t in threads:
         t.join()
     assert results["big"].ok and results["big"].metrics["pack/retried_alone"] == 1.0
+    assert results["big"].train_seconds == 12.0  # both attempts count: a faked OOM never buys a faster job
+    assert results["small"].train_seconds == 5.0
     assert results["small"].ok and "pack/retried_alone" not in results["small"].metrics
     assert [c for c in calls if c[0] == "big"][-1][1] == 1  # the retry ran with nobody beside it
 
 
-def test_an_ordinary_crash_while_packed_is_not_rerun(tmp_path):
+@pytest.mark.parametrize("error", ["ValueError: bad env.py",
+                                   # a job's own output decides nothing: any job can print these
+                                   "torch.OutOfMemoryError: CUDA out of memory",
+                                   "CUDA error: an illegal memory access was encountered"])
+def test_an_ordinary_crash_while_packed_is_not_rerun(tmp_path, error):
     calls = []
 
     def job_fn(job, env):
         calls.append(job.job_id)
-        return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.crash, error="ValueError: bad env.py")
+        return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.crash, error=error)
 
     ex = LocalExecutor(slot_envs(2, ["0"], jobs_per_gpu=2), job_fn=job_fn, capacity_gib={"0": 1000.0})
     with ex.ledger.reserve("0", 1.0):  # a neighbour holds the GPU: the job runs shared

@@ -8,6 +8,8 @@ good job. The probe side of the same sandbox is covered in test_probe.py.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import socket
 import textwrap
@@ -72,29 +74,36 @@ def loopback_server():
     server.close()
 
 
-def attacks(port: int, root: Path) -> dict[str, tuple[str, str]]:
-    """name -> (attack code, text the contained error must show)."""
+# What a refused file access looks like: Landlock says EACCES; in the private root the path does
+# not exist (ENOENT) or lies in its read-only skeleton (EROFS).
+REFUSED_FILE = ("PermissionError", "FileNotFoundError", "Read-only file system")
+
+
+def attacks(port: int, root: Path) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """name -> (attack code, texts of which the contained error must show one)."""
     outside = root / "outside.txt"
     other_job = root / "other-job" / "run" / "job"
     other_job.mkdir(parents=True, exist_ok=True)
     (other_job / "notes.txt").write_text("other job's private notes")
     hidden_secret()  # make sure the file exists: the attack must meet a refusal, not a missing file
     secret_path = Path(__import__("ait.home").home.ait_home()) / "hidden_secret"
+    worker = os.getpid()  # the test process is the worker: the run must not be able to signal it
     return {
-        "net": (f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3)", "PermissionError"),
+        "net": (f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3)", ("PermissionError",)),
         "raw_syscall": ("import ctypes\nfd = ctypes.CDLL(None, use_errno=True).syscall(41, 2, 1, 0)\n"
                         "raise RuntimeError(f'raw socket fd={fd} errno={ctypes.get_errno()}')",
-                        "raw socket fd=-1 errno=1"),
-        "ptrace": ("import ctypes, os\nr = ctypes.CDLL(None, use_errno=True).ptrace(16, os.getppid(), 0, 0)\n"
-                   "raise RuntimeError(f'ptrace={r} errno={ctypes.get_errno()}')", "ptrace=-1 errno=1"),
-        "write_outside": (f"open({str(outside)!r}, 'w').write('escaped')", "PermissionError"),
-        "read_secret": (f"print(open({str(secret_path)!r}).read())", "PermissionError"),
-        "read_other_job": (f"print(open({str(other_job / 'notes.txt')!r}).read())", "PermissionError"),
-        "env_secret": ("import os\nraise RuntimeError('key=' + str(os.environ.get('OPENAI_API_KEY')))", "key=None"),
-        "kill_worker": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", "PermissionError"),
-        "escape_group": ("import os\nos.setsid()", "PermissionError"),
-        "fork_bomb": ("import os\nwhile True:\n    os.fork()", "BlockingIOError"),
-        "memory_bomb": ("x = b' ' * (64 * 2**30)", "MemoryError"),
+                        ("raw socket fd=-1 errno=1",)),
+        "ptrace": (f"import ctypes, os\nr = ctypes.CDLL(None, use_errno=True).ptrace(16, {worker}, 0, 0)\n"
+                   "raise RuntimeError(f'ptrace={r} errno={ctypes.get_errno()}')", ("ptrace=-1 errno=1",)),
+        "write_outside": (f"open({str(outside)!r}, 'w').write('escaped')", REFUSED_FILE),
+        "read_secret": (f"print(open({str(secret_path)!r}).read())", REFUSED_FILE),
+        "read_other_job": (f"print(open({str(other_job / 'notes.txt')!r}).read())", REFUSED_FILE),
+        "env_secret": ("import os\nraise RuntimeError('key=' + str(os.environ.get('OPENAI_API_KEY')))", ("key=None",)),
+        # Landlock's signal scope refuses it; in a PID namespace the worker's pid does not exist.
+        "kill_worker": (f"import os, signal\nos.kill({worker}, signal.SIGKILL)", ("PermissionError", "ProcessLookupError")),
+        "escape_group": ("import os\nos.setsid()", ("PermissionError",)),
+        "fork_bomb": ("import os\nwhile True:\n    os.fork()", ("BlockingIOError",)),
+        "memory_bomb": ("x = b' ' * (64 * 2**30)", ("MemoryError",)),
     }
 
 
@@ -106,7 +115,7 @@ def test_attacks_in_the_probe_are_contained(name, tmp_path, loopback_server, mon
 
     port, accepted = loopback_server
     monkeypatch.setenv("OPENAI_API_KEY", "sk-parent-secret-123")
-    code, needle = attacks(port, tmp_path)[name]
+    code, needles = attacks(port, tmp_path)[name]
     ws = tmp_path / "ws"
     shutil.copytree(REFERENCE, ws)
     (ws / "env.py").write_text(code + "\n" + (REFERENCE / "env.py").read_text())
@@ -114,8 +123,8 @@ def test_attacks_in_the_probe_are_contained(name, tmp_path, loopback_server, mon
     assert not report.valid
     message = " ".join(e.message for e in report.errors)
     if name == "fork_bomb":  # the forked copies race to write the report: any clear refusal will do
-        needle = "BlockingIOError" if "BlockingIOError" in message else "report is missing or unreadable"
-    assert needle in message, message
+        needles = ("BlockingIOError", "report is missing or unreadable")
+    assert any(n in message for n in needles), message
     assert not accepted and not (tmp_path / "outside.txt").exists()
     assert "sk-parent-secret-123" not in message and hidden_secret() not in message
 
@@ -147,10 +156,11 @@ def test_hostile_jobs_are_contained_and_the_worker_serves_the_next_job(tmp_path,
     assert good.ok, good.error  # the worker survived every attack and still serves jobs
     for name in chosen:
         r = queue.result(name)
-        assert not r.ok and r.fail_reason is not None and table[name][1] in r.error, (name, r.error[-800:])
+        assert not r.ok and r.fail_reason is not None and any(n in r.error for n in table[name][1]), \
+            (name, (r.error or "")[-800:])
     assert queue.result("memory_bomb").fail_reason is FailReason.oom
     assert queue.result("flood").fail_reason is FailReason.timeout
-    flood_log = tmp_path / "flood" / "run" / "job" / "train.log"
+    flood_log = tmp_path / "flood" / "run" / "logs" / "train.log"
     assert flood_log.stat().st_size < 6_000_000 and b"bytes of output dropped" in flood_log.read_bytes()
     assert not accepted and not (tmp_path / "outside.txt").exists()
     blob = "\n".join(queue.result(n).error or "" for n in chosen)
@@ -202,8 +212,9 @@ def test_training_cannot_reach_the_eval_that_waits_beside_it(tmp_path):
     """
     result = run_job(make_job(tmp_path, "evalfiles", attack))
     assert result.ok and result.post is not None, result.error
-    log = (tmp_path / "evalfiles" / "run" / "job" / "train.log").read_text()
-    assert "EVAL-FILES request:PermissionError link:PermissionError" in log, log[-2000:]
+    log = (tmp_path / "evalfiles" / "run" / "logs" / "train.log").read_text()
+    assert re.search(r"EVAL-FILES request:(PermissionError|FileNotFoundError) link:(PermissionError|FileNotFoundError)",
+                     log), log[-2000:]
     assert not (tmp_path / "evalfiles" / "run" / "eval" / "eval.json").is_symlink()
 
 

@@ -1,11 +1,16 @@
-"""The job function every executor runs: train (untrusted) then hidden eval (trusted).
+"""The job function every executor runs: train (agent code) then hidden eval (family code), both sandboxed.
 
-    train process   python -m ait.train.main req.json         agent code, via the sandbox; writes job/
-    eval process    python -m ait.evals.hidden_eval req.json  family code only, safetensors only; started
-                                                              beside training, scores once told "go"; eval/
+    train process   python -m ait.train.main req.json         agent code; writes RUN_DIR/job/ only
+    eval process    python -m ait.evals.hidden_eval req.json  family code; reads job/checkpoint (safetensors,
+                                                              no links), writes RUN_DIR/eval/ only; started
+                                                              beside training, scores once told "go"
+    logs            RUN_DIR/logs/{train,eval}.log             written by this process alone
 
-A job that dies (OOM, crash, timeout, killed) yields a failed JobResult with a reason,
-never an exception: the episode still completes and scores job_quality 0.
+A job that dies (OOM, crash, timeout, killed) yields a failed JobResult with a reason, never an
+exception: the episode still completes and scores job_quality 0. The reason comes from what
+this process observes (exit status, signal, the memory cgroup's OOM events, its clock), never
+from text the job printed; what it reads from the job's directory it reads without following
+links and never quotes.
 """
 
 from __future__ import annotations
@@ -16,46 +21,43 @@ import signal
 import time
 from pathlib import Path
 
-from ait.evals.hidden_eval import EvalReport, EvalRequest
+from ait.compute import processes
+from ait.evals.runner import EvalFailed, eval_request, finish_eval, model_read_paths, start_eval
 from ait.job.types import FailReason, Job, JobResult
-from ait.sandbox import Limits, RunOutcome, SandboxPolicy, StartedProcess, run_untrusted
-from ait.train.request import EXIT_OOM, TrainOutput, TrainRequest
+from ait.safe_io import UnsafeFile, read_json_model, write_new_file
+from ait.sandbox import Limits, RunOutcome, SandboxPolicy, SandboxUnavailable, gpu_settings, start_untrusted
+from ait.spec import load_spec
 from ait.train.models import ModelResolutionError, resolve_base_model
+from ait.train.request import EXIT_GPU_FAULT, EXIT_NO_GPU, EXIT_OOM, TrainOutput, TrainRequest
 
 EVAL_TIMEOUT_S = 3600.0
-
-
-# What an out-of-memory death prints: torch's OutOfMemoryError, a plain MemoryError, and the driver's
-# "CUDA error: out of memory" (torch.AcceleratorError, raised when even moving the weights to the GPU
-# fails: seen on an H200 shared with another program's jobs).
-OOM_MARKERS = ("OutOfMemoryError", "MemoryError", "CUDA error: out of memory", "CUDA out of memory")
+MAX_TRAIN_OUTPUT_BYTES = 1_000_000
 
 
 def classify_failure(outcome: RunOutcome) -> FailReason:
+    """From observations only: the clock, the memory cgroup's OOM kills, the exit status (the trainer
+    exits EXIT_OOM on torch's OutOfMemoryError / MemoryError and EXIT_GPU_FAULT on a CUDA fault),
+    the signal. A job can fake an exit status, but never into more than a re-run alone whose time
+    is added to its own (ait.compute.local), so faking gains it nothing."""
     if outcome.timed_out:
         return FailReason.timeout
-    if outcome.returncode == EXIT_OOM or any(m in outcome.log_tail for m in OOM_MARKERS):
+    if outcome.oom_killed or outcome.returncode == EXIT_OOM:
         return FailReason.oom
+    if outcome.returncode == EXIT_GPU_FAULT:
+        return FailReason.gpu_fault
     if outcome.returncode is not None and outcome.returncode < 0:
-        # SIGKILL from outside is usually the kernel's OOM killer; other signals are kills.
-        return FailReason.oom if outcome.returncode == -signal.SIGKILL else FailReason.killed
+        # SIGKILL with no memory cgroup watching: most likely the kernel's OOM killer.
+        if outcome.returncode == -signal.SIGKILL and not outcome.memory_observed:
+            return FailReason.oom
+        return FailReason.killed
     return FailReason.crash
 
 
 def train_policy(job: Job, model_path: str, job_dir: Path, extra_env: dict[str, str] | None) -> SandboxPolicy:
     """The training process reads the workspace snapshot and the base weights, writes only the job dir."""
-    devices = (extra_env or {}).get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-    gpu = devices != "" and Path("/dev/nvidiactl").exists()
-    mps = {**os.environ, **(extra_env or {})}.get("CUDA_MPS_PIPE_DIRECTORY") or None
+    gpu, mps = gpu_settings(extra_env)
     return SandboxPolicy(read=[job.workspace, *model_read_paths(model_path)], write=[str(job_dir)], gpu=gpu,
-                         mps_pipe_dir=mps if gpu and mps and Path(mps).is_dir() else None,
-                         limits=Limits(cpu_s=int(job.time_budget_s * job.kill_factor * 64) + 600))
-
-
-def model_read_paths(path: str) -> list[str]:
-    """A Hugging Face snapshot's files are links into the repo's blobs/: grant the repo directory."""
-    p = Path(path)
-    return [str(p.parents[1])] if p.parent.name == "snapshots" else [str(p)]
+                         mps_pipe_dir=mps, limits=Limits(cpu_s=int(job.time_budget_s * job.kill_factor * 64) + 600))
 
 
 def usable_cores() -> int:
@@ -80,74 +82,80 @@ def split_threads(extra_env: dict[str, str] | None) -> tuple[dict[str, str], int
     return env, cores
 
 
+def fresh_dirs(run_dir: Path) -> tuple[Path, Path, Path]:
+    """RUN_DIR/job (training writes), RUN_DIR/eval (the eval writes), RUN_DIR/logs (only we write):
+    a retried job starts clean, never on a dead attempt's files."""
+    dirs = run_dir / "job", run_dir / "eval", run_dir / "logs"
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+    return dirs
+
+
 def run_job(job: Job, extra_env: dict[str, str] | None = None) -> JobResult:
     """Train then evaluate one job. `extra_env` reaches both processes (e.g. CUDA_VISIBLE_DEVICES
     for the GPU slot an executor assigned).
 
     The eval process starts beside the training process and waits (EvalRequest.wait_for_checkpoint):
-    its imports, model load and base score overlap training instead of following it. Its files
-    live in RUN_DIR/eval/, which the training process cannot write: agent code that ran beside
-    it can neither rewrite its request nor plant a link where it writes its report."""
+    its imports, model load and base score overlap training instead of following it. Training can
+    neither read the eval's directory (the hidden examples are in its request) nor write it."""
     extra_env, threads = split_threads(extra_env)
-    job_dir = Path(job.run_dir) / "job"
-    eval_dir = Path(job.run_dir) / "eval"
-    for d in (job_dir, eval_dir):
-        shutil.rmtree(d, ignore_errors=True)  # a retried job starts clean, never on a dead attempt's files
-        d.mkdir(parents=True)
+    job_dir, eval_dir, logs = fresh_dirs(Path(job.run_dir))
     start = time.monotonic()
-
     try:
-        base_model = resolve_base_model(job.config.job.base_model)  # trusted: downloads happen here, not inside
+        model = resolve_base_model(job.config.job.base_model)  # trusted: downloads happen here, not inside
     except ModelResolutionError as e:
         return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.crash, error=str(e),
                          base_model=job.config.job.base_model)
-    request = TrainRequest(job=job, base_model_path=base_model.path, trainer=job.trainer)
     request_path = job_dir / "train_request.json"
-    request_path.write_text(request.model_dump_json(indent=2))
-    checkpoint = job_dir / "checkpoint"  # fixed location: never a path the job chose
-    req = EvalRequest(task_path=job.task_path, base_model=job.config.job.base_model,
-                      base_model_sha256=base_model.sha256, checkpoint=str(checkpoint),
-                      n=job.eval_size, out_path=str(eval_dir / "eval.json"), wait_for_checkpoint=True,
-                      threads_after_go=threads)
-    req_path = eval_dir / "eval_request.json"
-    req_path.write_text(req.model_dump_json(indent=2))
-    # Our own code: it keeps the full environment but still gets a process group and a timeout.
-    evaluator = StartedProcess(["-m", "ait.evals.hidden_eval", str(req_path)], cwd=eval_dir,
-                               log_path=eval_dir / "eval.log", env={**os.environ, **(extra_env or {})}, stdin=True)
+    write_new_file(request_path, TrainRequest(job=job, base_model_path=model.path, trainer=job.trainer)
+                   .model_dump_json(indent=2))
+    req = eval_request(load_spec(job.task_path), model, eval_dir, n=job.eval_size,
+                       checkpoint=str(job_dir / "checkpoint"), wait_for_checkpoint=True, threads_after_go=threads)
+    base = dict(job_id=job.job_id, base_model=job.config.job.base_model, base_model_source=model.source,
+                base_model_sha256=model.sha256)
     try:
-        return _train_then_score(job, job_dir, base_model, request_path, extra_env, evaluator, Path(req.out_path),
-                                 start)
+        evaluator = start_eval(req, eval_dir, logs / "eval.log", readable=[str(job_dir)], extra_env=extra_env)
+    except SandboxUnavailable as e:
+        return JobResult(ok=False, fail_reason=FailReason.crash, error=f"not run: {e}", **base)
+    processes.track(job.job_id, evaluator.pid)
+    try:
+        trainer = start_untrusted(["-m", "ait.train.main", str(request_path)], cwd=job_dir,
+                                  log_path=logs / "train.log",
+                                  policy=train_policy(job, model.path, job_dir, extra_env), env=extra_env)
+        processes.track(job.job_id, trainer.pid)
+        outcome = trainer.finish(job.time_budget_s * job.kill_factor)
+        return _score(job, job_dir, outcome, evaluator, req, eval_dir, start, base)
+    except SandboxUnavailable as e:
+        return JobResult(ok=False, fail_reason=FailReason.crash, error=f"not run: {e}", **base)
     finally:
         evaluator.kill()  # stops a waiting eval when training failed (a no-op once it finished)
+        processes.forget(job.job_id)
 
 
-def _train_then_score(job: Job, job_dir: Path, base_model, request_path: Path, extra_env: dict[str, str] | None,
-                      evaluator: StartedProcess, eval_out: Path, start: float) -> JobResult:
-    outcome = run_untrusted(["-m", "ait.train.main", str(request_path)], cwd=job_dir,
-                            timeout_s=job.time_budget_s * job.kill_factor, log_path=job_dir / "train.log",
-                            policy=train_policy(job, base_model.path, job_dir, extra_env), env=extra_env)
+def _score(job: Job, job_dir: Path, outcome: RunOutcome, evaluator, req, eval_dir: Path, start: float,
+           base: dict) -> JobResult:
     # The worker's clock, not the job's own report, is what the speed term uses.
-    train_seconds = outcome.seconds
-    base = dict(job_id=job.job_id, base_model=job.config.job.base_model, train_seconds=train_seconds,
-                base_model_source=base_model.source, base_model_sha256=base_model.sha256)
+    base = {**base, "train_seconds": outcome.seconds}
     if outcome.timed_out or outcome.returncode != 0:
         reason = classify_failure(outcome)
         detail = f"training timed out after {outcome.seconds:.0f}s" if outcome.timed_out else \
-            f"training exited with status {outcome.returncode}"
+            f"training exited with status {outcome.returncode} ({reason.value})"
+        if outcome.returncode == EXIT_NO_GPU:
+            detail = "the GPU this job's slot was given is not usable inside the sandbox (see `ait doctor`)"
         return JobResult(ok=False, fail_reason=reason, error=f"{detail}\n{outcome.log_tail}",
                          total_seconds=time.monotonic() - start, **base)
     try:
-        trained = TrainOutput.model_validate_json((job_dir / "train_output.json").read_text())
-    except Exception as e:  # missing or forged output: the job did not finish honestly
-        return JobResult(ok=False, fail_reason=FailReason.crash, error=f"train_output.json unreadable: {e}",
+        trained = read_json_model(job_dir / "train_output.json", TrainOutput, MAX_TRAIN_OUTPUT_BYTES)
+    except UnsafeFile as e:  # missing or forged output: the job did not finish honestly
+        return JobResult(ok=False, fail_reason=FailReason.crash, error=f"training's output is unusable: {e}",
                          total_seconds=time.monotonic() - start, **base)
-
-    evaluated = evaluator.finish(EVAL_TIMEOUT_S, stdin_line="go")
-    if evaluated.returncode != 0:
-        return JobResult(ok=False, fail_reason=FailReason.crash,
-                         error=f"hidden eval failed (status {evaluated.returncode})\n{evaluated.log_tail}",
+    try:
+        report = finish_eval(evaluator, req, eval_dir, EVAL_TIMEOUT_S, stdin_line="go")
+    except EvalFailed as e:
+        reason = FailReason.gpu_fault if e.gpu_fault else FailReason.crash
+        return JobResult(ok=False, fail_reason=reason, error=f"hidden eval: {e}",
                          total_seconds=time.monotonic() - start, **base)
-    report = EvalReport.model_validate_json(eval_out.read_text())
     metrics = {k: v for k, v in trained.metrics.items() if isinstance(v, float)}
     metrics.update(report.seconds)
     return JobResult(ok=True, pre=report.pre, post=report.post, eval_n=report.n,

@@ -9,6 +9,7 @@ run directory, which the agent's file tools cannot reach.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -67,8 +68,10 @@ def discard_checkpoint(job: Job, result: JobResult) -> bool:
     a checkpoint path pointing anywhere else is left alone) and clear the result's pointer to them."""
     if not result.checkpoint:
         return False
-    path, root = Path(result.checkpoint).resolve(), Path(job.run_dir).resolve()
-    if path == root or not path.is_relative_to(root):
+    # Lexically inside the run directory, and never through a link the job planted (rmtree refuses
+    # to follow a link at the top; links below it are removed, not followed).
+    path, root = Path(os.path.abspath(result.checkpoint)), Path(os.path.abspath(job.run_dir))
+    if path == root or not path.is_relative_to(root) or ".." in path.relative_to(root).parts or path.is_symlink():
         return False
     shutil.rmtree(path, ignore_errors=True)
     result.checkpoint = None

@@ -29,6 +29,9 @@ REWARD_ARGS = ("completion", "answer", "info", "messages")
 class EnvLoadError(Exception):
     """env.py could not be imported or lacks part of its surface."""
 
+    out_of_memory: bool = False
+    """The import ran out of memory (a MemoryError under the sandbox's address-space limit)."""
+
 
 @dataclass
 class EnvSurface:
@@ -53,7 +56,9 @@ def import_env(path: str | Path) -> ModuleType:
         spec.loader.exec_module(module)
     except BaseException as e:  # SystemExit and KeyboardInterrupt from agent code included
         sys.modules.pop(name, None)
-        raise EnvLoadError(f"importing env.py raised {describe_exception(e, path)}") from None
+        error = EnvLoadError(f"importing env.py raised {describe_exception(e, path)}")
+        error.out_of_memory = isinstance(e, MemoryError)
+        raise error from None
     return module
 
 

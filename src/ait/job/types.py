@@ -169,11 +169,15 @@ class Job(BaseModel):
 
 
 class FailReason(str, Enum):
+    """Why a job failed, as the worker observed it (exit status, signal, the memory cgroup's OOM
+    events, its own clock), never as text the job printed."""
+
     invalid = "invalid"
     oom = "oom"
     crash = "crash"
     timeout = "timeout"
     killed = "killed"
+    gpu_fault = "gpu_fault"
 
 
 class JobResult(BaseModel):

@@ -3,8 +3,8 @@
     python -m ait.train.main TRAIN_REQUEST_JSON
 
 Picks the inner trainer named in the request, trains, and writes `train_output.json`
-next to the checkpoint. Out-of-memory exits with EXIT_OOM so the worker can tell it
-from a crash (and retry a packed job alone).
+next to the checkpoint. Out-of-memory exits with EXIT_OOM and a CUDA fault with EXIT_GPU_FAULT,
+so the worker can tell them from a crash (and retry a packed job alone) by the exit status.
 """
 
 from __future__ import annotations
@@ -14,7 +14,18 @@ import sys
 import time
 from pathlib import Path
 
-from ait.train.request import EXIT_OOM, TrainRequest
+from ait.train.request import EXIT_GPU_FAULT, EXIT_NO_GPU, EXIT_OOM, GpuMissing, TrainRequest, require_given_gpu
+
+
+def is_cuda_fault(error: BaseException) -> bool:
+    """torch's AcceleratorError (an illegal address, a launch failure; under MPS possibly another
+    client's), or the RuntimeError older torch raised for the same."""
+    import torch
+
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(error, accelerator_error):
+        return True
+    return isinstance(error, RuntimeError) and str(error).startswith("CUDA error")
 
 
 def main(argv: list[str]) -> int:
@@ -22,6 +33,11 @@ def main(argv: list[str]) -> int:
     request = TrainRequest.model_validate_json(Path(argv[0]).read_text())
     job = request.job
     t0 = time.monotonic()
+    try:
+        require_given_gpu()
+    except GpuMissing as e:
+        print(f"ait: {e}", file=sys.stderr)
+        return EXIT_NO_GPU
     try:
         if request.trainer == "trl":
             from ait.train.grpo import train
@@ -32,9 +48,13 @@ def main(argv: list[str]) -> int:
     except Exception as e:
         import torch
 
-        if isinstance(e, torch.OutOfMemoryError):
-            print(f"ait: out of memory during training: {e}", file=sys.stderr)
+        if (isinstance(e, (torch.OutOfMemoryError, MemoryError)) or getattr(e, "out_of_memory", False)
+                or (is_cuda_fault(e) and "out of memory" in str(e))):
+            print(f"ait: out of memory during training: {type(e).__name__}: {e}", file=sys.stderr)
             return EXIT_OOM
+        if is_cuda_fault(e):
+            print(f"ait: CUDA fault during training: {type(e).__name__}: {e}", file=sys.stderr)
+            return EXIT_GPU_FAULT
         raise
     # Where a job's seconds go before and after the train loop (torch and transformers imports are
     # seconds of a job's start; the worker's clock, JobResult.train_seconds, also counts the sandbox).

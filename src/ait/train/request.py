@@ -13,6 +13,27 @@ from ait.job.env_loader import EnvSurface, call_reward
 from ait.job.types import Job, TrainConfig
 
 EXIT_OOM = 3  # the worker maps this exit status to FailReason.oom
+EXIT_GPU_FAULT = 5  # ... and this one to FailReason.gpu_fault (a CUDA error: a packed job is re-run alone)
+EXIT_NO_GPU = 6  # the slot gave this process a GPU it cannot use: the host's fault, never run on the CPU instead
+
+
+class GpuMissing(RuntimeError):
+    """CUDA_VISIBLE_DEVICES names a GPU but CUDA does not work in this process."""
+
+
+EXPECT_GPU_ENV = "AIT_EXPECT_GPU"  # set by the sandbox for a run its policy gives a GPU
+
+
+def require_given_gpu() -> None:
+    """A process the sandbox gave a GPU must be able to use it: a job that quietly fell back to the
+    CPU would run for hours and be scored on a slow clock."""
+    import os
+
+    import torch
+
+    if os.environ.get(EXPECT_GPU_ENV) == "1" and not torch.cuda.is_available():
+        raise GpuMissing(f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']} but CUDA is not usable here "
+                         "(the driver's libraries or device nodes are missing inside the sandbox?)")
 LOGIT_BUDGET = 2**29  # fast trainer's scoring micro-batch: padded tokens x vocab stays under this (~5 GB of logits)
 LOGIT_BUDGET_ENV = "AIT_LOGIT_BUDGET"  # a smaller budget the executor sets for jobs that share a GPU
 
