@@ -1,6 +1,6 @@
 """Calibrate family difficulty to real base models: untrained hidden-eval scores per level.
 
-    AIT_HIDDEN_SEED=20261129 python bench/calibrate.py --model qwen2.5-coder-0.5b --model smollm2-135m \
+    python bench/calibrate.py --model qwen2.5-coder-0.5b --model smollm2-135m \
         [--family calc_chain ...] [--n 200] [--out docs/calibration.json]
 
 For each family, levels run from hardest (the current default) to easiest; the first

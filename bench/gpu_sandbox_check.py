@@ -13,9 +13,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ait.sandbox import scrubbed_env
+from ait.sandbox import python_argv, scrubbed_env
 from ait.sandbox.detect import cached_capabilities
-from ait.sandbox.launch import LaunchPlan
+from ait.sandbox.launch import LaunchPlan, plan_paths
 from ait.sandbox.types import SandboxPolicy
 
 def landlock_probe(max_abi: int | None, scope: bool, write: list[str] = ("/tmp", "/dev/null")) -> str:
@@ -34,8 +34,8 @@ PROBE = ("import torch; torch.cuda.init(); x = torch.ones(4, device='cuda'); "
 def attempt(name: str, layers: list[str], read: list[str], write: list[str]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     policy = SandboxPolicy(read=read, write=[str(tmp), *write], gpu=True)
-    plan = LaunchPlan(policy=policy, layers=layers, args=["-c", PROBE])
-    proc = subprocess.run([sys.executable, "-m", "ait.sandbox.launch", plan.model_dump_json()], cwd=tmp,
+    plan = LaunchPlan(policy=policy, layers=layers, paths=plan_paths(policy), args=python_argv(["-c", PROBE]))
+    proc = subprocess.run(python_argv(["-m", "ait.sandbox.launch", plan.model_dump_json()]), cwd=tmp,
                           env=scrubbed_env(tmp), capture_output=True, text=True, timeout=300)
     out = (proc.stdout + proc.stderr).strip().splitlines()
     ok = any("CUDA_OK" in line for line in out)

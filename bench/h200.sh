@@ -9,8 +9,9 @@
 # so no job keeps running into the next call).
 set -uo pipefail
 trap 'kill 0 2>/dev/null' TERM INT  # a time limit stops the benchmark and its jobs, not just this shell
-export PYTHONPATH=$PWD/src:/tmp/site AIT_HIDDEN_SEED=${AIT_HIDDEN_SEED:-20261129} AIT_HOME=/root/.ait
+export PYTHONPATH=$PWD/src:/tmp/site AIT_HOME=/root/.ait
 mkdir -p "$AIT_HOME" "$OUT"
+python3 bench/fingerprints.py > "$OUT/fingerprints.json" 2>/dev/null || true
 printf '[models]\n"smollm2-135m" = "/root/stage/smol.gguf"\n"qwen2.5-coder-0.5b" = "/root/stage/qwen.gguf"\n' > "$AIT_HOME/models.toml"
 stage=$1; shift || true
 CAL=${CAL:-$( [ -f /root/stage/calibration.json ] && echo /root/stage/calibration.json || true )}
