@@ -152,9 +152,10 @@ def main() -> int:
         results["families"][family] = {"tried": tried, "chosen": chosen}
         if args.store:
             store = BaselineStore(args.store)
+            shas = {s.name: s.resolved.sha256 for s in scorers}
             for model, value in chosen["scores"].items():
-                store.freeze(Baseline(family=family, base_model=model, fingerprint=chosen["fingerprint"],
-                                      best_pre=value, n=args.n), force=True)
+                store.freeze(Baseline(family=family, base_model=model, weights_sha256=shas[model],
+                                      fingerprint=chosen["fingerprint"], best_pre=value, n=args.n), force=True)
     table = Table(title=f"untrained hidden-eval score at the chosen difficulty (n={args.n})")
     table.add_column("family")
     for s in scorers:

@@ -18,9 +18,17 @@ ROOT = Path(__file__).resolve().parents[1]
 TASK = ROOT / "examples" / "tasks" / "calc_chain.json"
 
 
+def weights_of(name: str) -> str:
+    """The content hash a job on this base model reports (the tiny model's is real; others made up)."""
+    from ait.train.models import resolve_base_model
+
+    return resolve_base_model("tiny").sha256 if name == "tiny" else f"sha-of-{name}"
+
+
 def ok_result(post: float = 0.6, pre: float = 0.3, dev: float | None = None, train_seconds: float = 100.0,
               gpus: float | None = None) -> Callable[[Job], JobResult]:
     return lambda job: JobResult(job_id=job.job_id, ok=True, base_model=job.config.job.base_model, pre=pre, post=post,
+                                 base_model_sha256=weights_of(job.config.job.base_model),
                                  dev=dev, eval_n=200, train_seconds=train_seconds, total_seconds=train_seconds + 20,
                                  gpus=gpus, checkpoint=str(Path(job.run_dir) / "job" / "checkpoint"))
 

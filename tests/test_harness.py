@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from fakes import weights_of
 
 import ait.harness.episode as episode_mod
 from ait.evals.baselines import Baseline, BaselineStore
@@ -97,6 +98,7 @@ class FakeExecutor:
 
 def ok_result(pre: float = 0.3, post: float = 0.6, train_seconds: float = 150.0) -> Callable[[Job], JobResult]:
     return lambda job: JobResult(job_id=job.job_id, ok=True, base_model=job.config.job.base_model, pre=pre,
+                                 base_model_sha256=weights_of(job.config.job.base_model),
                                  post=post, eval_n=200, train_seconds=train_seconds, total_seconds=train_seconds + 5)
 
 
@@ -325,10 +327,13 @@ def test_reference_policy_with_fake_executor(env, spec: TaskSpec) -> None:
     assert job.time_budget_s == spec.constraints.time_budget_s
     assert first.job is not None and first.job.post == 0.6
 
-    # best_pre frozen from the job's own pre: the store now holds it.
+    # best_pre frozen from the job's own pre, keyed by the weights it trained: the store now holds it.
     fingerprint = eval_fingerprint(spec, 200)
-    frozen = env.baselines.get(spec.family, job.config.job.base_model, fingerprint)
-    assert frozen is not None and frozen.best_pre == 0.3 and frozen.n == 200
+    frozen = env.baselines.get(spec.family, weights_of(job.config.job.base_model), fingerprint)
+    assert frozen is not None and frozen.best_pre == 0.3 and frozen.n == 200 and frozen.base_model == "tiny"
+    # The other allowed models are not available on this install: left out of best_pre, and named.
+    assert set(first.baseline.scores) == {"tiny"} and set(first.baseline.excluded) == \
+        set(spec.constraints.allowed_base_models) - {"tiny"}
     uplift = (0.6 - 0.3) / (1 - 0.3)
     quality = 0.25 * 0.6 + 0.75 * uplift
     speed = 1 - 150.0 / spec.constraints.time_budget_s
@@ -337,8 +342,9 @@ def test_reference_policy_with_fake_executor(env, spec: TaskSpec) -> None:
     assert first.reward.job_quality == pytest.approx(quality, abs=1e-9)
     assert first.reward.train_speed == pytest.approx(speed, abs=1e-9)
     assert first.reward.total == pytest.approx(0.35 + 0.60 * quality + 0.05 * speed, abs=1e-9)
-    baseline_text = tool_results(first, "get_baseline_scores")[0]
-    assert json.loads(baseline_text)[job.config.job.base_model] == "not measured yet"
+    baseline_text = json.loads(tool_results(first, "get_baseline_scores")[0])
+    assert baseline_text["untrained_scores"][job.config.job.base_model].startswith("not measured yet")
+    assert baseline_text["best_pre"] is None and "highest untrained score" in baseline_text["rule"]
 
     # A second episode scores against the frozen 0.3 even though its own pre is 0.5.
     env.set_result(ok_result(pre=0.5, post=0.6, train_seconds=150.0))
@@ -347,15 +353,16 @@ def test_reference_policy_with_fake_executor(env, spec: TaskSpec) -> None:
     assert second.run_id != first.run_id
     assert second.reward.best_pre == 0.3
     assert second.reward.uplift_term == pytest.approx(uplift, abs=1e-9)
-    assert env.baselines.get(spec.family, job.config.job.base_model, fingerprint).best_pre == 0.3
+    assert env.baselines.get(spec.family, weights_of(job.config.job.base_model), fingerprint).best_pre == 0.3
     assert len(env.baselines.all()) == 1
     # ... and get_baseline_scores now serves it to the agent.
-    assert json.loads(tool_results(second, "get_baseline_scores")[0])[job.config.job.base_model] == 0.3
+    served = json.loads(tool_results(second, "get_baseline_scores")[0])
+    assert served["untrained_scores"][job.config.job.base_model] == 0.3 and served["best_pre"] == 0.3
 
 
 def test_preseeded_baseline_is_used(env, spec: TaskSpec) -> None:
-    env.baselines.freeze(Baseline(family=spec.family, base_model="tiny", fingerprint=eval_fingerprint(spec, 200),
-                                  best_pre=0.5, n=200))
+    env.baselines.freeze(Baseline(family=spec.family, base_model="tiny", weights_sha256=weights_of("tiny"),
+                                  fingerprint=eval_fingerprint(spec, 200), best_pre=0.5, n=200))
     env.set_result(ok_result(pre=0.1, post=0.75, train_seconds=0.0))
     result = env.run(ReferencePolicy())
     assert env.executed[0].config.job.base_model == "tiny"
@@ -453,3 +460,13 @@ def test_policy_exception_is_recorded(env, after: int) -> None:
     assert len(errors) == 1 and "API down" in errors[0]["error"]
     episode = json.loads((Path(result.run_dir) / "episode.json").read_text())
     assert episode["stop_reason"] == "policy_error" and "API down" in episode["error"]
+
+
+def test_a_job_that_failed_outside_the_agents_code_ends_the_episode_as_infra_error(env) -> None:
+    env.set_result(lambda job: JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.infra,
+                                         error="hidden eval: the eval exited with status 1\ntraceback...",
+                                         base_model=job.config.job.base_model))
+    result = env.run(ReferencePolicy())
+    assert result.stop_reason is StopReason.infra_error and "the eval exited with status 1" in result.error
+    assert result.reward.validation == 1.0 and result.reward.job_quality == 0.0  # recorded as it stood
+    assert json.loads((Path(result.run_dir) / "episode.json").read_text())["stop_reason"] == "infra_error"

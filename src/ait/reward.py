@@ -4,7 +4,10 @@
     validation   = 1 − (k−1)/K for a job valid at attempt k of K; 0 if never valid
     job_quality  = 0.25·post + 0.75·uplift_term; 0 if the job died
     uplift_term  = clip((post − best_pre) / max(1 − best_pre, ε), −1, 1)
-    train_speed  = clip(1 − train_seconds / time_budget_seconds, 0, 1), only if the job succeeded
+    best_pre     = max over the task's allowed base models of their frozen untrained scores on the
+                   hidden set the job was scored on (ait.evals.best_pre), whichever model was trained
+    train_speed  = clip(1 − train_seconds / time_budget_seconds, 0, 1), only if the job succeeded;
+                   train_seconds is the worker's clock over the whole sandboxed training process
     R = −0.1 when the agent never produced a parseable submission
 """
 
@@ -49,7 +52,7 @@ class RewardBreakdown(BaseModel):
     post: float | None = None
     """Hidden-eval score after training."""
     best_pre: float | None = None
-    """Frozen best untrained score for (family, base model)."""
+    """The highest frozen untrained score among the task's allowed base models on this hidden set."""
     valid_attempt: int | None = None
     """k: the attempt at which the job was valid."""
     max_attempts: int

@@ -6,6 +6,7 @@ import json
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ait.cli.common import console, err, fail, load_task
@@ -21,7 +22,7 @@ def baselines_seed(task: list[str] = typer.Option(..., "--task", help="TaskSpec 
     """Measure and freeze best_pre for every task × base model given."""
     from rich.progress import Progress
 
-    from ait.evals.baselines import Baseline, BaselineStore, measure_pre
+    from ait.evals.baselines import Baseline, BaselineStore
     from ait.evals.hidden import eval_fingerprint
 
     store = BaselineStore()
@@ -30,25 +31,33 @@ def baselines_seed(task: list[str] = typer.Option(..., "--task", help="TaskSpec 
         spec, path = load_task(t)
         for m in model or spec.constraints.allowed_base_models:
             pairs.append((spec, path, m))
+    from ait.evals.runner import EvalFailed, scratch_eval
+    from ait.train.models import ModelResolutionError, resolve_base_model
+
+    failures = 0
     with Progress(console=err) as progress:
         bar = progress.add_task("seeding baselines", total=len(pairs))
         for spec, path, m in pairs:
             n = eval_size or spec.hidden_eval_size
             fingerprint = eval_fingerprint(spec, n)
-            frozen = store.get(spec.family, m, fingerprint)
-            if frozen and not force:
-                console.print(f"{spec.family} × {m}: frozen at {frozen.best_pre:.4f} (n={frozen.n}); --force re-measures")
-            else:
-                try:
-                    report = measure_pre(path, m, n)
-                except Exception as e:
-                    err.print(f"[red]{spec.family} × {m}: {str(e).strip().splitlines()[-1]}[/]", highlight=False)
-                    progress.advance(bar)
-                    continue
-                b = store.freeze(Baseline(family=spec.family, base_model=m, fingerprint=fingerprint,
-                                          best_pre=report.pre, n=n), force=force)
-                console.print(f"{spec.family} × {m}: best_pre {b.best_pre:.4f} (n={n}) frozen")
+            try:
+                model = resolve_base_model(m)
+                frozen = store.get(spec.family, model.sha256, fingerprint)
+                if frozen and not force:
+                    console.print(f"{spec.family} × {m}: frozen at {frozen.best_pre:.4f} (n={frozen.n}); "
+                                  "--force re-measures")
+                else:
+                    report = scratch_eval(spec, model, n=n)
+                    b = store.freeze(Baseline(family=spec.family, base_model=m, weights_sha256=model.sha256,
+                                              fingerprint=fingerprint, best_pre=report.pre, n=n), force=force)
+                    console.print(f"{spec.family} × {m}: best_pre {b.best_pre:.4f} (n={n}) frozen")
+            except (ModelResolutionError, EvalFailed) as e:
+                failures += 1
+                err.print(f"[red]{spec.family} × {escape(m)}: {escape(str(e).strip().splitlines()[-1])}[/]",
+                          highlight=False)
             progress.advance(bar)
+    if failures:
+        fail(f"{failures} of {len(pairs)} baselines were not measured (see above)")
 
 
 @app.command("show")
@@ -64,7 +73,8 @@ def baselines_show(as_json: bool = typer.Option(False, "--json", help="Print JSO
     if as_json:
         print(json.dumps([b.model_dump() for b in entries], indent=2))
         return
-    table = Table("family", "base model", "best_pre", "n", "hidden set", title=str(store.path))
+    table = Table("family", "base model", "weights", "untrained score", "n", "hidden set", title=str(store.path))
     for b in entries:
-        table.add_row(b.family, b.base_model, f"{b.best_pre:.4f}", str(b.n), b.fingerprint)
+        table.add_row(b.family, escape(b.base_model), (b.weights_sha256 or "(legacy, unused)")[:12],
+                      f"{b.best_pre:.4f}", str(b.n), b.fingerprint)
     console.print(table)

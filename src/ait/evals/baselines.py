@@ -1,8 +1,10 @@
-"""Frozen best_pre per (family, base model, hidden set): what `get_baseline_scores` serves.
+"""Frozen untrained scores per (family, base weights, hidden set): what best_pre is made of.
 
-The store is a JSON file in AIT_HOME (outside every workspace). An entry, once frozen,
-is not replaced unless asked (`ait baselines seed --force`), so every episode of a
-family and model is scored against the same untrained reference.
+The store is a JSON file in AIT_HOME (outside every workspace). An entry is keyed by the
+weights' content hash, not the model's name: re-pointing an alias (or a directory) at other
+weights never meets a stale score. Once frozen it is not replaced unless asked (`ait
+baselines seed --force`), so every episode of a family is scored against the same
+untrained references. `ait.evals.best_pre` turns them into an episode's best_pre.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ class Baseline(BaseModel):
     family: str
     """Task family."""
     base_model: str
-    """Base model name as job.toml spells it."""
+    """Base model name as job.toml spelled it when measured (for people; not part of the key)."""
+    weights_sha256: str | None = None
+    """Content hash of the weights scored (ait.train.models.ResolvedModel.sha256): the key. Entries
+    from before it existed (None) are never matched."""
     fingerprint: str
     """Which hidden set (secret, difficulty, n) the score is on."""
     best_pre: float
@@ -49,19 +54,22 @@ class BaselineStore:
             raise ValueError(f"baselines store {self.path} is corrupt ({e}); fix or delete it and run "
                              "`ait baselines seed` again") from None
 
-    def get(self, family: str, base_model: str, fingerprint: str) -> Baseline | None:
+    def get(self, family: str, weights_sha256: str, fingerprint: str) -> Baseline | None:
         for b in self.all():
-            if (b.family, b.base_model, b.fingerprint) == (family, base_model, fingerprint):
+            if b.weights_sha256 is not None and (b.family, b.weights_sha256, b.fingerprint) == \
+                    (family, weights_sha256, fingerprint):
                 return b
         return None
 
     def freeze(self, entry: Baseline, force: bool = False) -> Baseline:
         """Store `entry` unless one is frozen for its key (then return that one)."""
+        if entry.weights_sha256 is None:
+            raise ValueError("a baseline is frozen for the weights it scored: weights_sha256 is required")
         with self._locked():
             entries = self.all()
-            key = (entry.family, entry.base_model, entry.fingerprint)
+            key = (entry.family, entry.weights_sha256, entry.fingerprint)
             for i, b in enumerate(entries):
-                if (b.family, b.base_model, b.fingerprint) == key:
+                if (b.family, b.weights_sha256, b.fingerprint) == key:
                     if not force:
                         return b
                     entries[i] = entry
@@ -79,17 +87,10 @@ class BaselineStore:
             yield
 
     def _write(self, entries: list[Baseline]) -> None:
-        data = {"baselines": [b.model_dump() for b in sorted(entries, key=lambda b: (b.family, b.base_model))]}
+        data = {"baselines": [b.model_dump() for b in sorted(entries, key=lambda b: (b.family, b.base_model,
+                                                                                   b.fingerprint))]}
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".baselines-")
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2)
         os.replace(tmp, self.path)
 
-
-def measure_pre(task_path: str | Path, base_model: str, n: int | None = None):
-    """Score the untrained model on the hidden set, in the sandboxed eval process."""
-    from ait.evals.runner import scratch_eval
-    from ait.spec import load_spec
-    from ait.train.models import resolve_base_model
-
-    return scratch_eval(load_spec(task_path), resolve_base_model(base_model), n=n)

@@ -19,7 +19,6 @@ import json
 from typing import Any, Callable
 
 from ait.evals.baselines import BaselineStore
-from ait.evals.hidden import eval_fingerprint
 from ait.harness.fenced import last_fenced_block
 from ait.harness.types import ToolCallRequest
 from ait.harness.workspace_tools import ToolError, WorkspaceTools
@@ -47,7 +46,11 @@ TOOL_SCHEMAS = [
     _schema("edit_file", "Replace exactly one occurrence of `old` with `new` in a file.",
             {"path": "path relative to the workspace", "old": "text to find (must occur once)",
              "new": "replacement text"}),
-    _schema("get_baseline_scores", "Untrained hidden-eval score of each allowed base model.", {}),
+    _schema("get_baseline_scores", "Untrained hidden-eval score of each allowed base model, and best_pre: the "
+            "highest of them, which your trained model must beat whichever base model you train.", {}),
+    _schema("select_job", "With several jobs allowed: choose which of your jobs (1 = the first that ran) the "
+            "episode is scored on; without a choice, the one with the best dev score is.",
+            {"job": "the job's number, 1-based, in the order they ran"}),
     _schema("submit_job", "Validate and run the job in your workspace (job.toml + env.py). "
             "Attempts are limited; errors come back if it is invalid.", {}),
 ]
@@ -55,19 +58,27 @@ TOOL_SCHEMAS = [
 
 class EpisodeTools:
     def __init__(self, files: WorkspaceTools, spec: TaskSpec, submit: Callable[[], str],
-                 baselines: BaselineStore | None = None):
+                 baselines: BaselineStore | None = None, select: Callable[[int], str] | None = None):
         self.files, self.spec, self.submit = files, spec, submit
+        self.select = select or (lambda job: "error: this episode runs one job; it is the one scored")
         self.baselines = baselines or BaselineStore()
         self.malformed = 0
         """Malformed calls so far."""
 
     def get_baseline_scores(self) -> str:
-        fingerprint = eval_fingerprint(self.spec)
-        out = {}
-        for model in self.spec.constraints.allowed_base_models:
-            b = self.baselines.get(self.spec.family, model, fingerprint)
-            out[model] = round(b.best_pre, 4) if b else "not measured yet"
-        return json.dumps(out)
+        """Frozen untrained scores on the hidden set the job will be scored on, read only (a model not
+        measured yet is measured when the episode is scored)."""
+        from ait.evals.best_pre import best_pre
+
+        made = best_pre(self.spec, self.spec.hidden_eval_size, self.baselines, measure=False)
+        out: dict = {model: round(made.scores[model], 4) if model in made.scores
+                     else made.excluded.get(model, "not measured yet")
+                     for model in self.spec.constraints.allowed_base_models}
+        return json.dumps({"untrained_scores": out,
+                           "best_pre": None if made.value is None else round(made.value, 4),
+                           "rule": "uplift is measured against best_pre, the highest untrained score among the "
+                                   "allowed base models available here (a model not measured yet is measured "
+                                   "when the episode is scored), whichever model you train"})
 
     def write_file(self, path: str, content: str | None, message: str) -> str:
         """write_file as the agent calls it: `content`, or else the last fenced block of `message`."""
@@ -92,6 +103,7 @@ class EpisodeTools:
             "list_files": self.files.list_files, "read_file": self.files.read_file,
             "write_file": write_file, "edit_file": self.files.edit_file,
             "get_baseline_scores": self.get_baseline_scores, "submit_job": self.submit,
+            "select_job": self.select,
         }
         handler = handlers.get(call.name)
         if handler is None:

@@ -1,0 +1,99 @@
+"""best_pre: the untrained score a job has to beat.
+
+    best_pre = max over the task's allowed base models of their frozen untrained scores on
+               the hidden set the job was scored on
+
+whichever model the agent picked: training a weaker model must beat the stronger model's
+untrained score to earn uplift, so the strong model is never the risky choice. Each score is
+frozen per (family, weights hash, hidden set) in the baselines store. A model without one yet
+is measured on first use (the sandboxed eval, base weights only) and frozen; the job's own
+model is frozen from the job's pre score (same weights, same set). A model this install cannot
+resolve is excluded and named (it cannot be trained here either: the probe refuses it), and a
+baseline eval that fails leaves the result incomplete, which the episode reports as an
+infrastructure error rather than score against a best_pre that may be too low.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from ait.evals.baselines import Baseline, BaselineStore
+from ait.evals.hidden import eval_fingerprint
+from ait.job.types import JobResult
+from ait.spec import TaskSpec
+
+
+class BestPre(BaseModel):
+    value: float | None
+    """The highest frozen untrained score among the allowed models (None: none could be scored)."""
+    scores: dict[str, float] = Field(default_factory=dict)
+    """Allowed model -> its frozen untrained score on this hidden set."""
+    excluded: dict[str, str] = Field(default_factory=dict)
+    """Allowed model -> why it has no score here (not available on this install, never measured)."""
+    failed: dict[str, str] = Field(default_factory=dict)
+    """Allowed model -> why measuring its baseline failed (an infrastructure error, not the agent's)."""
+    fingerprint: str
+    """The hidden set the scores are on."""
+    n: int
+    """Its size."""
+
+    @property
+    def complete(self) -> bool:
+        """Every model that could have a score has one: `value` is the true maximum."""
+        return not self.failed
+
+
+def best_pre(spec: TaskSpec, n: int, store: BaselineStore, own: JobResult | None = None,
+             measure: bool = True) -> BestPre:
+    """The rule above. `own`: the scored job (its pre freezes its model's baseline); `measure`: seed
+    missing baselines now (False for the agent's get_baseline_scores, which only reads)."""
+    from ait.train.models import ModelResolutionError, model_availability, resolve_base_model
+
+    fingerprint = eval_fingerprint(spec, n)
+    out = BestPre(value=None, fingerprint=fingerprint, n=n)
+    for name in spec.constraints.allowed_base_models:
+        if why := model_availability(name):
+            out.excluded[name] = f"not available on this install: {why}"
+            continue
+        try:
+            if own is not None and own.ok and own.base_model == name and own.base_model_sha256 \
+                    and own.pre is not None and own.eval_n == n:
+                sha, measured = own.base_model_sha256, own.pre
+            else:
+                model = resolve_base_model(name)
+                sha, measured = model.sha256, None
+            entry = store.get(spec.family, sha, fingerprint)
+            if entry is None and measured is None and measure:
+                measured = measure_baseline(spec, model, n)
+            if entry is None and measured is not None:
+                entry = store.freeze(Baseline(family=spec.family, base_model=name, weights_sha256=sha,
+                                              fingerprint=fingerprint, best_pre=measured, n=n))
+        except ModelResolutionError as e:
+            out.excluded[name] = f"not available on this install: {e}"
+            continue
+        except BaselineUnmeasured as e:
+            out.failed[name] = str(e)
+            continue
+        if entry is None:
+            out.excluded[name] = "not measured yet (it is measured when an episode is scored)"
+            continue
+        out.scores[name] = entry.best_pre
+    out.value = max(out.scores.values()) if out.scores else None
+    return out
+
+
+class BaselineUnmeasured(RuntimeError):
+    """The eval of a base model's untrained score failed."""
+
+
+def measure_baseline(spec: TaskSpec, model, n: int) -> float:
+    from ait.evals.runner import EvalFailed, scratch_eval
+    from ait.sandbox import SandboxUnavailable
+
+    try:
+        report = scratch_eval(spec, model, n=n)
+    except (EvalFailed, SandboxUnavailable) as e:
+        raise BaselineUnmeasured(f"its baseline eval failed: {str(e).splitlines()[0][:300]}") from None
+    if report.pre is None:
+        raise BaselineUnmeasured("its baseline eval reported no score")
+    return report.pre

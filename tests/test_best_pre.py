@@ -1,0 +1,139 @@
+"""best_pre: the highest frozen untrained score among the task's allowed base models, whichever
+model the agent trains; frozen per weights hash; measured on first use; unavailable models left
+out and named; a failed measurement is an infrastructure error, never a lower best_pre."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from ait.evals import best_pre as best_pre_mod
+from ait.evals.baselines import Baseline, BaselineStore
+from ait.evals.best_pre import best_pre
+from ait.evals.hidden import eval_fingerprint
+from ait.job.types import JobResult
+from ait.reward import compute_reward
+from ait.spec import load_spec
+from ait.train.models import resolve_base_model
+from ait.train.tiny import tiny_model_path
+
+TASK = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "calc_chain_fast.json"
+N = 4
+
+
+@pytest.fixture
+def models(tmp_path, monkeypatch):
+    """Two local base models with different weights ("strong", "weak") named in an alias file, and one
+    alias that points nowhere ("gone")."""
+    dirs = {}
+    for i, name in enumerate(("strong", "weak")):
+        d = tmp_path / name
+        shutil.copytree(tiny_model_path(), d)
+        tensors = load_file(str(d / "model.safetensors"))
+        first = sorted(tensors)[0]
+        tensors[first] = tensors[first] + i  # other weights, other hash
+        save_file(tensors, str(d / "model.safetensors"))
+        dirs[name] = d
+    aliases = tmp_path / "models.toml"
+    aliases.write_text(f'[models]\nstrong = "{dirs["strong"]}"\nweak = "{dirs["weak"]}"\n'
+                       f'gone = "{tmp_path / "missing.gguf"}"\n')
+    monkeypatch.setenv("AIT_MODELS", str(aliases))
+    return dirs, aliases
+
+
+def spec_with(*allowed: str):
+    spec = load_spec(TASK)
+    return spec.model_copy(update={"constraints": spec.constraints.model_copy(update={"allowed_base_models":
+                                                                                          list(allowed)})})
+
+
+def freeze(store: BaselineStore, spec, name: str, score: float) -> None:
+    store.freeze(Baseline(family=spec.family, base_model=name, weights_sha256=resolve_base_model(name).sha256,
+                          fingerprint=eval_fingerprint(spec, N), best_pre=score, n=N))
+
+
+def job_on(name: str, pre: float, post: float) -> JobResult:
+    return JobResult(job_id="j", ok=True, base_model=name, base_model_sha256=resolve_base_model(name).sha256,
+                     pre=pre, post=post, eval_n=N, train_seconds=10.0)
+
+
+def reward_of(job: JobResult, made) -> float:
+    return compute_reward(parseable_submission=True, valid_attempt=1, max_attempts=3, job=job,
+                          best_pre=made.value, time_budget_s=100.0)
+
+
+def test_a_weak_model_must_beat_the_strong_models_untrained_score(models, tmp_path):
+    spec = spec_with("strong", "weak")
+    store = BaselineStore(tmp_path / "b.json")
+    freeze(store, spec, "strong", 0.6)
+    freeze(store, spec, "weak", 0.2)
+    weak = job_on("weak", pre=0.2, post=0.5)  # +0.3 over its own start, still below the strong model
+    made = best_pre(spec, N, store, own=weak, measure=False)
+    assert made.value == 0.6 and made.scores == {"strong": 0.6, "weak": 0.2} and made.complete
+    r = reward_of(weak, made)
+    assert r.best_pre == 0.6 and r.uplift_term == pytest.approx((0.5 - 0.6) / 0.4)
+    strong = job_on("strong", pre=0.6, post=0.7)
+    r = reward_of(strong, best_pre(spec, N, store, own=strong, measure=False))
+    assert r.best_pre == 0.6 and r.uplift_term == pytest.approx(0.1 / 0.4)
+
+
+def test_the_jobs_own_pre_freezes_its_models_baseline_by_weights(models, tmp_path):
+    spec = spec_with("strong", "weak")
+    store = BaselineStore(tmp_path / "b.json")
+    freeze(store, spec, "strong", 0.6)
+    made = best_pre(spec, N, store, own=job_on("weak", pre=0.25, post=0.3), measure=False)
+    assert made.scores == {"strong": 0.6, "weak": 0.25}
+    entry = store.get(spec.family, resolve_base_model("weak").sha256, eval_fingerprint(spec, N))
+    assert entry is not None and entry.best_pre == 0.25 and entry.base_model == "weak"
+
+
+def test_a_missing_baseline_is_measured_on_first_use_then_frozen(models, tmp_path, monkeypatch):
+    spec = spec_with("strong", "weak")
+    store = BaselineStore(tmp_path / "b.json")
+    measured = []
+    real = best_pre_mod.measure_baseline
+    monkeypatch.setattr(best_pre_mod, "measure_baseline", lambda *a: measured.append(a[1].name) or real(*a))
+    made = best_pre(spec, N, store, own=job_on("weak", pre=0.1, post=0.2))
+    assert measured == ["strong"] and "strong" in made.scores and 0.0 <= made.scores["strong"] <= 1.0
+    assert made.value == max(made.scores.values())
+    again = best_pre(spec, N, store, own=job_on("weak", pre=0.1, post=0.2))
+    assert measured == ["strong"] and again.scores == made.scores  # frozen: not measured twice
+
+
+def test_models_this_install_cannot_resolve_are_left_out_and_named(models, tmp_path):
+    spec = spec_with("strong", "gone", "Qwen/Not-A-Real-Model")
+    store = BaselineStore(tmp_path / "b.json")
+    freeze(store, spec, "strong", 0.4)
+    made = best_pre(spec, N, store, measure=False)
+    assert made.value == 0.4 and set(made.excluded) == {"gone", "Qwen/Not-A-Real-Model"} and made.complete
+    assert "does not exist" in made.excluded["gone"]
+
+
+def test_repointing_an_alias_never_meets_the_old_weights_score(models, tmp_path, monkeypatch):
+    dirs, aliases = models
+    spec = spec_with("strong")
+    store = BaselineStore(tmp_path / "b.json")
+    freeze(store, spec, "strong", 0.9)
+    aliases.write_text(f'[models]\nstrong = "{dirs["weak"]}"\n')  # same name, other weights
+    made = best_pre(spec, N, store, measure=False)
+    assert made.value is None and "not measured yet" in made.excluded["strong"]
+
+
+def test_a_failed_measurement_is_an_infra_error_not_a_lower_best_pre(models, tmp_path, monkeypatch):
+    from ait.harness.episode import infra_verdict
+    from ait.harness.types import StopReason
+
+    spec = spec_with("strong", "weak")
+    store = BaselineStore(tmp_path / "b.json")
+
+    def broken(*_):
+        raise best_pre_mod.BaselineUnmeasured("its baseline eval failed: the eval exited with status 1")
+
+    monkeypatch.setattr(best_pre_mod, "measure_baseline", broken)
+    made = best_pre(spec, N, store, own=job_on("weak", pre=0.1, post=0.3))
+    assert not made.complete and "strong" in made.failed and made.scores == {"weak": 0.1}
+    stop, error = infra_verdict(StopReason.job_done, None, job_on("weak", pre=0.1, post=0.3), made)
+    assert stop is StopReason.infra_error and "strong" in error
