@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from ait.evals import hidden_eval
 from ait.evals.runner import eval_request, evaluate_here, pre_cache_dir
 from ait.spec import load_spec
@@ -69,17 +71,41 @@ def test_a_change_to_the_scoring_code_is_a_new_cache_key(tmp_path: Path, monkeyp
     assert len(calls) == 2
 
 
-def test_the_code_digest_changes_with_a_family_scorer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("changed", ["families/calc_chain.py", "evals/rollout.py", "train/rollouts.py",
+                                     "train/decode.py", "spec.py"])
+def test_the_code_digest_covers_everything_that_decides_a_score(tmp_path: Path, changed: str) -> None:
+    """The scorer, the rollout and chat-format helpers, the sampler, the spec model: a change to any is a miss."""
     import shutil
 
     root = Path(hidden_eval.__file__).resolve().parents[1]
     copy = tmp_path / "ait"
-    for part in ("evals", "families"):
-        shutil.copytree(root / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
-    (copy / "train").mkdir()
-    shutil.copy(root / "train" / "decode.py", copy / "train" / "decode.py")
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("__pycache__"))
     before = hidden_eval.scoring_code_digest(copy)
     assert before == hidden_eval.scoring_code_digest(root)
-    scorer = copy / "families" / "calc_chain.py"
-    scorer.write_text(scorer.read_text() + "\n# a fix\n")
+    (copy / changed).write_text((copy / changed).read_text() + "\n# a fix\n")
     assert hidden_eval.scoring_code_digest(copy) != before
+    assert "cli/episode.py" not in {p.relative_to(copy).as_posix() for p in hidden_eval.scoring_modules(copy)}
+
+
+def test_a_library_upgrade_is_a_new_cache_key(tmp_path: Path, monkeypatch) -> None:
+    calls = []
+    real = hidden_eval.score
+    monkeypatch.setattr(hidden_eval, "score", lambda *a, **k: calls.append(1) or real(*a, **k))
+    run(tmp_path, n=15)
+    run(tmp_path, n=15)
+    assert len(calls) == 1
+    versions = hidden_eval.library_versions()
+    assert {"torch", "transformers", "tokenizers", "trl", "safetensors"} <= set(versions)
+    monkeypatch.setattr(hidden_eval, "library_versions", lambda: {**versions, "trl": "99.0"})
+    run(tmp_path, n=15)
+    assert len(calls) == 2
+
+
+def test_other_weights_are_a_new_cache_key(tmp_path: Path, monkeypatch) -> None:
+    calls = []
+    real = hidden_eval.score
+    monkeypatch.setattr(hidden_eval, "score", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = resolve_base_model("tiny")
+    evaluate_here(eval_request(load_spec(TASK), model, tmp_path, n=16))
+    evaluate_here(eval_request(load_spec(TASK), model.model_copy(update={"sha256": "0" * 64}), tmp_path, n=16))
+    assert len(calls) == 2

@@ -1,5 +1,6 @@
 """Iterative episodes (max_jobs > 1): the agent runs several jobs, sees only dev scores between them,
-and the episode is scored on its best job by hidden post."""
+and the episode is scored on the job it chose (select_job), else the best by dev score: the hidden
+set never picks the job (that would select on the test set), it only scores the one picked."""
 
 from __future__ import annotations
 
@@ -52,9 +53,9 @@ def assert_hidden_never_shown(seen: list[str]) -> None:
 
 
 @pytest.mark.parametrize("first,second,best", [
-    ((LOW, 0.25), (HIGH, 0.50), 1),   # the refined job is better: it is kept
-    ((HIGH, 0.25), (LOW, 0.75), 0),   # dev prefers the second, hidden prefers the first: hidden decides
-], ids=["second-better", "first-better-by-hidden"])
+    ((LOW, 0.25), (HIGH, 0.50), 1),   # the refined job is better on dev: it is scored
+    ((HIGH, 0.25), (LOW, 0.75), 1),   # dev prefers the second, hidden the first: dev decides, never hidden
+], ids=["second-better", "second-better-on-dev-only"])
 def test_reference_policy_runs_two_jobs_and_the_best_is_scored(tmp_path, monkeypatch, first, second, best) -> None:
     ran = fake_executor(monkeypatch, ok_result(post=first[0], dev=first[1], pre=PRE),
                         ok_result(post=second[0], dev=second[1], pre=PRE))
@@ -65,9 +66,10 @@ def test_reference_policy_runs_two_jobs_and_the_best_is_scored(tmp_path, monkeyp
     assert len(ran) == 2 and [r.attempt for r in result.jobs] == [1, 2]
     assert ran[1].config.train.max_steps == 2 * ran[0].config.train.max_steps  # the refinement
     assert Path(ran[0].run_dir) == Path(result.run_dir) and Path(ran[1].run_dir) == Path(result.run_dir) / "jobs" / "2"
-    assert result.best_job == best and result.job == result.jobs[best].result
-    assert result.reward.post == HIGH and result.reward.valid_attempt == 1 and result.reward.validation == 1.0
-    assert result.reward.uplift_term == pytest.approx((HIGH - PRE) / (1 - PRE))
+    assert result.scored_job == best and result.job == result.jobs[best].result and result.chosen_job is None
+    post = result.jobs[best].result.post
+    assert result.reward.post == post and result.reward.valid_attempt == 1 and result.reward.validation == 1.0
+    assert result.reward.uplift_term == pytest.approx((post - PRE) / (1 - PRE))
     assert [r.dev for r in result.jobs] == [first[1], second[1]]
 
     # The agent saw each dev score, and no hidden one.
@@ -81,17 +83,17 @@ def test_reference_policy_runs_two_jobs_and_the_best_is_scored(tmp_path, monkeyp
     jobs = [json.loads(x) for x in (run_dir / "trajectory.jsonl").read_text().splitlines()]
     jobs = [e for e in jobs if e["kind"] == "job"]
     assert [(e["attempt"], e["dev"], e["hidden_post"]) for e in jobs] == [(1, first[1], first[0]), (2, second[1], second[0])]
-    assert json.loads((run_dir / "job_result.json").read_text())["post"] == HIGH
+    assert json.loads((run_dir / "job_result.json").read_text())["post"] == post
     assert json.loads((run_dir / "submissions" / "2" / "job_result.json").read_text())["post"] == second[0]
-    assert json.loads((run_dir / "episode.json").read_text())["best_job"] == best
+    assert json.loads((run_dir / "episode.json").read_text())["scored_job"] == best
 
 
 def test_one_job_by_default(tmp_path, monkeypatch) -> None:
     ran = fake_executor(monkeypatch, ok_result(post=LOW, dev=0.3))
     policy = Watching()  # would refine if the harness allowed it
     result = run(tmp_path, policy, EpisodeConfig())
-    assert len(ran) == 1 and result.stop_reason is StopReason.job_done and result.best_job == 0
-    assert not any("dev score" in s or "more job" in s for s in policy.seen)
+    assert len(ran) == 1 and result.stop_reason is StopReason.job_done and result.scored_job == 0
+    assert not any("dev score 0." in s or "more job(s) allowed" in s for s in policy.seen)
 
 
 def test_a_failed_job_then_a_good_one(tmp_path, monkeypatch) -> None:
@@ -101,10 +103,70 @@ def test_a_failed_job_then_a_good_one(tmp_path, monkeypatch) -> None:
     fake_executor(monkeypatch, crash, ok_result(post=LOW, dev=0.2, pre=PRE))
     policy = Watching()
     result = run(tmp_path, policy, EpisodeConfig(max_jobs=3))
-    assert [r.result.ok for r in result.jobs] == [False, True] and result.best_job == 1
+    assert [r.result.ok for r in result.jobs] == [False, True] and result.scored_job == 1
     assert result.reward.post == LOW and result.reward.job_quality > 0
     assert "failed: oom" in "\n".join(policy.seen)
     assert result.stop_reason is StopReason.job_done  # the agent stopped after its second job
+
+
+class Choosing(Watching):
+    """The reference policy that, after its jobs, names job `choice` with select_job."""
+
+    def __init__(self, choice: int):
+        super().__init__()
+        self.choice, self.asked = choice, False
+
+    def act(self, messages, tools):
+        from ait.harness.types import Message, ToolCallRequest
+
+        reply = super().act(messages, tools)
+        if not reply.tool_calls and not self.asked:  # the reference agent is done: choose before stopping
+            self.asked = True
+            return Message(role="assistant", content="", tool_calls=[
+                ToolCallRequest(id="c1", name="select_job", arguments={"job": self.choice})])
+        return reply
+
+
+def test_the_agents_choice_is_scored_whatever_the_scores(tmp_path, monkeypatch) -> None:
+    fake_executor(monkeypatch, ok_result(post=LOW, dev=0.25, pre=PRE), ok_result(post=HIGH, dev=0.75, pre=PRE))
+    policy = Choosing(1)
+    result = run(tmp_path, policy, EpisodeConfig(max_jobs=2))
+    assert result.chosen_job == 0 and result.scored_job == 0 and result.reward.post == LOW
+    assert "job 1 is the one this episode is scored on" in "\n".join(policy.seen)
+    assert json.loads((Path(result.run_dir) / "job_result.json").read_text())["post"] == LOW
+
+
+@pytest.mark.parametrize("choice", [0, 3, -1, True])
+def test_a_choice_that_names_no_job_is_refused(tmp_path, monkeypatch, choice) -> None:
+    fake_executor(monkeypatch, ok_result(post=LOW, dev=0.25, pre=PRE), ok_result(post=HIGH, dev=0.75, pre=PRE))
+    policy = Choosing(choice)
+    result = run(tmp_path, policy, EpisodeConfig(max_jobs=2))
+    assert result.chosen_job is None and result.scored_job == 1  # the default: best by dev
+    assert "error: job must be the number of a job that ran (1..2)" in "\n".join(policy.seen)
+
+
+def test_selection_never_reads_hidden_scores() -> None:
+    """scored_job on records whose hidden scores are poisoned: reading one would raise."""
+    from ait.harness.jobs import scored_job
+
+    class Poisoned(JobResult):
+        def __getattribute__(self, name):
+            if name in ("post", "pre"):
+                raise AssertionError(f"selection read the hidden {name}")
+            return super().__getattribute__(name)
+
+    def record(dev, ok=True):
+        from ait.harness.types import JobRecord
+        from ait.metering import JobCost
+
+        return JobRecord.model_construct(attempt=1, job_id="j", dev=dev, cost=None,
+                                         result=Poisoned(job_id="j", ok=ok, post=0.9 if ok else None))
+
+    assert scored_job([record(0.2), record(0.6), record(0.6)]) == 1  # best dev, earliest on ties
+    assert scored_job([record(0.2), record(0.6)], chosen=0) == 0
+    assert scored_job([record(None), record(None, ok=False)]) == 0  # no dev score: the last that finished
+    assert scored_job([record(None, ok=False), record(None, ok=False)]) == 1
+    assert scored_job([]) is None
 
 
 def test_dev_eval_runs_when_the_job_reports_none(tmp_path, monkeypatch) -> None:

@@ -145,6 +145,9 @@ def test_a_job_running_past_the_limit_is_killed_and_the_episode_scored(tmp_path,
 
     monkeypatch.setattr(episode_mod, "probe_workspace", valid_probe)
     monkeypatch.setattr(episode_mod, "make_executor", lambda config: Sleeper())
+    from ait.train.models import resolve_base_model
+
+    resolve_base_model("tiny")  # built once per AIT_HOME (get_baseline_scores hashes it): not on the clock
     start = time.monotonic()
     result = run_episode(load_spec(TASK), TASK, ReferencePolicy(jobs=1), EpisodeConfig(timeout_s=3.0),
                          runs_dir=tmp_path / "runs", baselines=BaselineStore(tmp_path / "b.json"))
@@ -160,3 +163,35 @@ def test_a_job_running_past_the_limit_is_killed_and_the_episode_scored(tmp_path,
         time.sleep(0.1)
     assert started[0].poll() is not None, "the job's process outlived the episode's limit"
     assert not os.path.exists(f"/proc/{started[0].pid}/cwd") or started[0].returncode is not None
+
+
+def test_infra_errors_are_left_out_of_their_group_and_counted(tmp_path, monkeypatch) -> None:
+    """An episode whose eval or worker failed is not a verdict on the agent: it leaves the group (no
+    advantage is computed from it), and a group left with one member is sampled again."""
+    from ait.outer.metrics import step_metrics
+    from ait.outer.types import StepStats
+
+    calls = []
+
+    def play(backend, spec, path, config, runs_dir, run_id, seed, stopping, temperature=None) -> Episode:
+        ep = instant_play(backend, spec, path, config, runs_dir, run_id, seed, stopping)
+        calls.append(run_id)
+        if len(calls) in (2, 4, 5):  # the first group (episodes 1-3) loses one member, the second (4-6) two
+            ep.result.stop_reason = StopReason.infra_error
+        return ep
+
+    monkeypatch.setattr(rollouts, "play", play)
+    s = sampler(Versioned(), tmp_path, max_off_policy=0)
+    s.group_size = 3
+    s.fill(groups_still_needed=5)
+    taken, dropped = s.take(1, version=0, groups_still_needed=5)
+    (group,) = taken
+    assert len(group.group.trajectories) == 2 and len(group.infra) == 1 and dropped == []
+    s.fill(groups_still_needed=4)
+    taken, dropped = s.take(1, version=0, groups_still_needed=4)
+    assert len(dropped) == 1 and len(dropped[0].infra) == 2 and len(dropped[0].group.trajectories) == 1
+    assert len(taken[0].group.trajectories) == 3  # sampled again in its place
+    row = step_metrics(1, taken, StepStats(step=1, loss=0.0, tokens=0, datums=0, seconds=0.0), version=0, seconds=1.0, staleness=[0], resampled=len(dropped),
+                       usd=0.0, usd_total=0.0, infra_errors=sum(len(g.infra) for g in taken + dropped))
+    assert row["infra_errors"] == 2 and row["episodes"] == 3
+    s.close()

@@ -95,9 +95,11 @@ def test_job_function_errors_and_wrong_results_are_failed_results(tmp_path):
     stats = serve(queue, LocalLauncher([{}], job_fn=job_fn), WorkerOptions(once=True, poll_s=0.01))
     assert (stats.done, stats.failed) == (0, 2)
     first, second = queue.get("j0"), queue.get("j1")
-    assert first.state is JobState.failed and first.result.fail_reason is FailReason.crash
+    # run_job never raises, so a job function that raised, or answered for another job, is our code's
+    # failure, not the job's: an infrastructure error (the episode ends as infra_error).
+    assert first.state is JobState.failed and first.result.fail_reason is FailReason.infra
     assert "boom in the job function" in first.error
-    assert second.result.fail_reason is FailReason.crash and "another job" in second.error
+    assert second.result.fail_reason is FailReason.infra and "another job" in second.error
 
 
 def test_lost_lease_stops_the_run_and_its_result_is_rejected(tmp_path):
@@ -360,3 +362,37 @@ def test_jobs_that_share_a_gpu_score_in_smaller_micro_batches(monkeypatch):
     assert microbatch_tokens(49152) == full // 2  # the training process reads it
     monkeypatch.setenv("AIT_LOGIT_BUDGET", "not a number")
     assert microbatch_tokens(49152) == full  # a garbled value falls back, it does not crash the job
+
+
+@pytest.mark.parametrize("failure,reason", [
+    ({}, FailReason.infra),                    # the eval (no agent code in it) failed: not the job's doing
+    ({"job_fault": True}, FailReason.crash),   # the checkpoint the job wrote was refused
+    ({"gpu_fault": True}, FailReason.gpu_fault),
+])
+def test_an_eval_failure_is_classed_by_whose_it_is(monkeypatch, tmp_path, failure, reason):
+    from ait.compute import run_job as run_job_mod
+    from ait.evals.runner import EvalFailed
+    from ait.sandbox import RunOutcome
+    from ait.train.request import TrainOutput
+
+    job = fake_job(tmp_path, 0)
+
+    class Process:
+        pid = 0
+
+        def kill(self):
+            pass
+
+        def finish(self, timeout_s):
+            out = Path(job.run_dir) / "job" / "train_output.json"
+            out.write_text(TrainOutput(checkpoint="x", train_seconds=1.0, steps=1).model_dump_json())
+            return RunOutcome(returncode=0, timed_out=False, seconds=1.0, log_tail="")
+
+    def failing_eval(*args, **kwargs):
+        raise EvalFailed("the eval exited with status 1", **failure)
+
+    monkeypatch.setattr(run_job_mod, "start_eval", lambda *a, **k: Process())
+    monkeypatch.setattr(run_job_mod, "start_untrusted", lambda *a, **k: Process())
+    monkeypatch.setattr(run_job_mod, "finish_eval", failing_eval)
+    result = run_job_mod.run_job(job, extra_env={"CUDA_VISIBLE_DEVICES": ""})
+    assert not result.ok and result.fail_reason is reason and "hidden eval" in result.error

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ait.cli.common import console, err, fail, load_task
@@ -88,6 +89,11 @@ def print_episode(result) -> None:
         post = "-" if job.post is None else f"{job.post:.4f}"
         best = "-" if r.best_pre is None else f"{r.best_pre:.4f}"
         table.add_row("hidden eval", f"pre {pre}  post {post}  best_pre {best}  (n={job.eval_n or '-'})")
+        if result.baseline is not None:
+            scores = ", ".join(f"{escape(m)} {v:.4f}" for m, v in result.baseline.scores.items()) or "none"
+            left_out = f"; left out: {', '.join(escape(m) for m in result.baseline.excluded)}" \
+                if result.baseline.excluded else ""
+            table.add_row("best_pre from", f"{scores}{left_out}")
         status = "ok" if job.ok else f"failed: {job.fail_reason.value}"
         table.add_row("job", f"{status}, base model {job.base_model}, train {job.train_seconds or 0:.1f}s, "
                       f"total {job.total_seconds or 0:.1f}s")
@@ -95,7 +101,7 @@ def print_episode(result) -> None:
         for i, rec in enumerate(result.jobs):
             dev = "-" if rec.dev is None else f"{rec.dev:.4f}"
             post = "-" if rec.result.post is None else f"{rec.result.post:.4f}"
-            kept = "  [bold](scored)[/]" if i == result.best_job else ""
+            kept = "  [bold](scored)[/]" if i == result.scored_job else ""
             table.add_row(f"  job {i + 1}", f"attempt {rec.attempt}: dev {dev}  hidden post {post}{kept}")
     c = result.cost
     table.add_row("tokens", f"{c.prompt_tokens:,} prompt ({c.cached_tokens:,} cached), {c.completion_tokens:,} "

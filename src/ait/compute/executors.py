@@ -13,7 +13,7 @@ from typing import Protocol
 from ait.compute.run_job import run_job
 from ait.harness.types import EpisodeConfig
 from ait.job.types import FailReason, Job, JobResult
-from ait.queue import JobQueue, JobState
+from ait.queue import JobQueue
 
 
 class Executor(Protocol):
@@ -35,13 +35,13 @@ class QueueExecutor:
         self.queue.enqueue(job)
         try:
             entry = self.queue.wait(job.job_id, timeout_s=self.wait_s)
-        except TimeoutError as e:
-            return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.timeout,
+        except TimeoutError as e:  # no worker took it in time: nothing the job did
+            return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.infra,
                              error=f"{e}; is an `ait worker` running on this queue?")
         if entry.result is not None:
             return entry.result
-        reason = FailReason.killed if entry.state is JobState.dead else FailReason.crash
-        return JobResult(job_id=job.job_id, ok=False, fail_reason=reason, error=entry.error)
+        # Dead: its leases kept expiring (workers lost); no result at all: the queue lost it.
+        return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.infra, error=entry.error)
 
 
 def make_executor(config: EpisodeConfig) -> Executor:

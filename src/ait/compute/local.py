@@ -148,8 +148,8 @@ class LocalLauncher:
         kill_job_processes(job)
 
     def to_result(self, job: Job, error: BaseException) -> JobResult | None:
-        # The job function itself raised (run_job does not): a crash of this job.
-        return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.crash,
+        # The job function itself raised (run_job does not): our code failed, not the job.
+        return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.infra,
                          error=f"job function raised {type(error).__name__}: {error}")
 
     def close(self) -> None:

@@ -98,7 +98,7 @@ def failure_result(job: Job, error: BaseException) -> JobResult | None:
             exc.OwnerDiedError, exc.RaySystemError)
     if isinstance(error, lost):
         return None
-    return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.crash,
+    return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.infra,  # run_job never raises: Ray did
                      error=f"Ray task failed: {type(error).__name__}: {str(error)[-2000:]}")
 
 
@@ -161,9 +161,9 @@ class RayExecutor:
             return ray.get(ref, timeout=self.wait_s)
         except ray.exceptions.GetTimeoutError:
             ray.cancel(ref, force=True)
-            return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.timeout,
+            return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.infra,
                              error=f"no result from the Ray task after {self.wait_s:g}s; cancelled it")
         except Exception as e:  # noqa: BLE001 - any Ray failure is this job's failed result
             result = failure_result(job, e)
-            return result or JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.killed,
+            return result or JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.infra,
                                        error=f"Ray lost the job: {type(e).__name__}: {e}")

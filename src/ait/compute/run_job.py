@@ -104,8 +104,8 @@ def run_job(job: Job, extra_env: dict[str, str] | None = None) -> JobResult:
     start = time.monotonic()
     try:
         model = resolve_base_model(job.config.job.base_model)  # trusted: downloads happen here, not inside
-    except ModelResolutionError as e:
-        return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.crash, error=str(e),
+    except ModelResolutionError as e:  # the probe checked it resolves: it stopped resolving since
+        return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.infra, error=str(e),
                          base_model=job.config.job.base_model)
     request_path = job_dir / "train_request.json"
     write_new_file(request_path, TrainRequest(job=job, base_model_path=model.path, trainer=job.trainer)
@@ -117,7 +117,7 @@ def run_job(job: Job, extra_env: dict[str, str] | None = None) -> JobResult:
     try:
         evaluator = start_eval(req, eval_dir, logs / "eval.log", readable=[str(job_dir)], extra_env=extra_env)
     except SandboxUnavailable as e:
-        return JobResult(ok=False, fail_reason=FailReason.crash, error=f"not run: {e}", **base)
+        return JobResult(ok=False, fail_reason=FailReason.infra, error=f"not run: {e}", **base)
     processes.track(job.job_id, evaluator.pid)
     try:
         trainer = start_untrusted(["-m", "ait.train.main", str(request_path)], cwd=job_dir,
@@ -127,7 +127,7 @@ def run_job(job: Job, extra_env: dict[str, str] | None = None) -> JobResult:
         outcome = trainer.finish(job.time_budget_s * job.kill_factor)
         return _score(job, job_dir, outcome, evaluator, req, eval_dir, start, base)
     except SandboxUnavailable as e:
-        return JobResult(ok=False, fail_reason=FailReason.crash, error=f"not run: {e}", **base)
+        return JobResult(ok=False, fail_reason=FailReason.infra, error=f"not run: {e}", **base)
     finally:
         evaluator.kill()  # stops a waiting eval when training failed (a no-op once it finished)
         processes.forget(job.job_id)
@@ -153,7 +153,9 @@ def _score(job: Job, job_dir: Path, outcome: RunOutcome, evaluator, req, eval_di
     try:
         report = finish_eval(evaluator, req, eval_dir, EVAL_TIMEOUT_S, stdin_line="go")
     except EvalFailed as e:
-        reason = FailReason.gpu_fault if e.gpu_fault else FailReason.crash
+        # The eval runs no agent code: its failure is the infrastructure's, unless the checkpoint the
+        # job wrote was refused (the job's) or a CUDA fault ended it (re-run alone when packed).
+        reason = FailReason.crash if e.job_fault else FailReason.gpu_fault if e.gpu_fault else FailReason.infra
         return JobResult(ok=False, fail_reason=reason, error=f"hidden eval: {e}",
                          total_seconds=time.monotonic() - start, **base)
     metrics = {k: v for k, v in trained.metrics.items() if isinstance(v, float)}

@@ -206,11 +206,11 @@ def serve(queue: JobQueue, launcher: Launcher, options: WorkerOptions | None = N
                 emit("released", f"{lease.job_id} lost by the executor; back in the queue", lease.job_id)
                 return
             if result is None:
-                result = JobResult(job_id=lease.job_id, ok=False, fail_reason=FailReason.killed,
+                result = JobResult(job_id=lease.job_id, ok=False, fail_reason=FailReason.infra,
                                    error=f"the executor lost the job on attempt {lease.attempt} "
                                          f"({type(e).__name__}: {e})")
         if not isinstance(result, JobResult) or result.job_id != lease.job_id:
-            result = JobResult(job_id=lease.job_id, ok=False, fail_reason=FailReason.crash,
+            result = JobResult(job_id=lease.job_id, ok=False, fail_reason=FailReason.infra,
                                error=f"job function returned {type(result).__name__} for another job, not this one's JobResult")
         try:
             state = queue.complete(lease, result)

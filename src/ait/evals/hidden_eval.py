@@ -148,6 +148,8 @@ def apply_checkpoint(model, tensors: dict) -> bool:
         for name, tensor in tensors.items():
             if tensor.shape != state[name].shape:
                 raise CheckpointError(f"{name}: shape {tuple(tensor.shape)} != base {tuple(state[name].shape)}")
+            if not (tensor.is_floating_point() and state[name].is_floating_point()) and tensor.dtype != state[name].dtype:
+                raise CheckpointError(f"{name}: dtype {tensor.dtype} where the base has {state[name].dtype}")
             tensor = tensor.to(device=state[name].device, dtype=state[name].dtype)
             changed = changed or not torch.equal(tensor, state[name])
             state[name].copy_(tensor)
@@ -157,16 +159,57 @@ def apply_checkpoint(model, tensors: dict) -> bool:
 PRE_CACHE_VERSION = "pre-v1"
 
 
+def scoring_modules(root: Path) -> list[Path]:
+    """Every ait source file the eval can run: this module and, transitively, each ait module any of
+    them imports (function-local imports included), found by reading the sources, not by importing."""
+    import ast
+
+    seen: set[Path] = set()
+    todo = [root / "evals" / "hidden_eval.py"]
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]  # `from ait.x import mod`
+            else:
+                continue
+            for name in names:
+                if name == "ait" or name.startswith("ait."):
+                    parts = name.split(".")[1:]
+                    base = root.joinpath(*parts) if parts else root
+                    todo += [base.with_suffix(".py"), base / "__init__.py"]
+    return sorted(seen)
+
+
 def scoring_code_digest(root: Path | None = None) -> str:
     """sha256 over the source of everything that turns weights into a score (the eval, the families'
-    generators and scorers, the sampler), so a fix to any of it never meets a score cached before.
+    generators, tools and scorers, the sampler, the chat-format and tool-call helpers: every ait
+    module the eval imports), so a fix to any of it never meets a score cached before.
     `root`: the ait package directory (this one by default)."""
     root = root or Path(__file__).resolve().parents[1]
-    files = sorted([*(root / "evals").glob("*.py"), *(root / "families").rglob("*.py"), root / "train" / "decode.py"])
     h = hashlib.sha256()
-    for f in files:
+    for f in scoring_modules(root):
         h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
+
+
+def library_versions() -> dict[str, str]:
+    """The libraries that decide a score besides ait: numerics (torch), the model code and tokenizer
+    (transformers, tokenizers), the chat templates and tool-call parsing TRL supplies, the weights reader."""
+    from importlib import metadata
+
+    out = {}
+    for name in ("torch", "transformers", "tokenizers", "trl", "safetensors", "jinja2"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "absent"
+    return out
 
 
 def pre_cache_key(req: EvalRequest, tokenizer, device: str, dtype) -> str:
@@ -175,14 +218,11 @@ def pre_cache_key(req: EvalRequest, tokenizer, device: str, dtype) -> str:
     pure function of everything in this key (greedy decoding): the scoring code, the weights' hash,
     the chat template, the hidden set, the eval format, the numerics (device, dtype, batch size,
     library versions)."""
-    import torch
-    import transformers
-
     key = json.dumps({"v": PRE_CACHE_VERSION, "code": scoring_code_digest(), "weights": req.base_model_sha256,
                       "template": tokenizer.chat_template, "set": req.fingerprint, "n": len(req.examples),
                       "format": req.spec.eval_format.model_dump(mode="json"),
-                      "device": device, "dtype": str(dtype), "batch": req.batch_size, "torch": torch.__version__,
-                      "transformers": transformers.__version__}, sort_keys=True, default=str)
+                      "device": device, "dtype": str(dtype), "batch": req.batch_size, "libraries": library_versions()},
+                     sort_keys=True, default=str)
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
@@ -252,7 +292,12 @@ def evaluate(req: EvalRequest) -> EvalReport:
         if req.threads_after_go:
             torch.set_num_threads(req.threads_after_go)
     if req.checkpoint:
-        report.weights_changed = apply_checkpoint(model, load_checkpoint_tensors(Path(req.checkpoint)))
+        try:
+            report.weights_changed = apply_checkpoint(model, load_checkpoint_tensors(Path(req.checkpoint)))
+        except CheckpointError:
+            raise
+        except Exception as e:  # noqa: BLE001 - whatever the job wrote that could not be applied is its fault
+            raise CheckpointError(f"the checkpoint could not be applied ({type(e).__name__})") from None
     if req.checkpoint and examples:
         t = time.monotonic()
         report.post, convs = score(model, tokenizer, spec, examples, req.batch_size)

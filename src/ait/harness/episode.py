@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Callable
 
 from ait.compute.executors import make_executor
-from ait.evals.baselines import Baseline, BaselineStore
-from ait.evals.hidden import eval_fingerprint
+from ait.evals.baselines import BaselineStore
+from ait.evals.best_pre import BestPre, best_pre
 from ait.harness import jobs as jobs_
 from ait.harness.tools import TOOL_SCHEMAS, EpisodeTools
 from ait.harness.types import (EpisodeConfig, EpisodeResult, JobRecord, Message, PolicyStop, StopReason,
@@ -74,15 +74,31 @@ class Episode:
         self.budget_stop: str | None = None  # set when a valid job was not run: it would pass a budget
         self.deadline = None if config.timeout_s is None else time.monotonic() + config.timeout_s
         self.timed_out = False  # the wall-clock limit passed; the episode is scored as it stood
+        self.chosen: int | None = None  # the job the agent chose with select_job (an index into jobs)
         seed_workspace(run.workspace, spec)
         files_ = WorkspaceTools(run.workspace, read_only=READ_ONLY)
-        self.tools = EpisodeTools(files_, spec, submit=self.submit_job, baselines=baselines)
+        self.tools = EpisodeTools(files_, spec, submit=self.submit_job, select=self.select_job, baselines=baselines)
+
+    @property
+    def scored(self) -> int | None:
+        """Index of the scored job: the agent's choice, else the best by dev score (never by hidden score)."""
+        return jobs_.scored_job(self.jobs, self.chosen)
 
     @property
     def job_result(self) -> JobResult | None:
-        """The scored job: the best by hidden post."""
-        best = jobs_.best_job(self.jobs)
-        return None if best is None else self.jobs[best].result
+        """The scored job's result."""
+        return None if self.scored is None else self.jobs[self.scored].result
+
+    def select_job(self, job: int) -> str:
+        """The select_job tool: the agent names the job (1-based, in the order they ran) it is scored on."""
+        if self.config.max_jobs < 2:
+            return "error: this episode runs one job; it is the one scored"
+        if not isinstance(job, int) or isinstance(job, bool) or not 1 <= job <= len(self.jobs):
+            return (f"error: job must be the number of a job that ran (1..{len(self.jobs)})" if self.jobs
+                    else "error: no job has run yet; submit_job first")
+        self.chosen = job - 1
+        self.run.log("select_job", job=job)
+        return f"job {job} is the one this episode is scored on"
 
     def run_loop(self) -> tuple[StopReason, int, str | None]:
         messages = opening_messages(self.spec)
@@ -141,8 +157,8 @@ class Episode:
             return StopReason.timeout
         if self.budget_stop:
             return StopReason.budget
-        if len(self.jobs) >= self.config.max_jobs:
-            return StopReason.job_done
+        if len(self.jobs) >= self.config.max_jobs and self.config.max_jobs == 1:
+            return StopReason.job_done  # with several jobs the agent may still select_job; it stops by replying
         if self.invalid_attempts() >= self.spec.max_submission_attempts:
             return StopReason.job_done if self.jobs else StopReason.attempts_exhausted
         if self.past_deadline():
@@ -180,6 +196,9 @@ class Episode:
         K = self.spec.max_submission_attempts
         if self.invalid_attempts() >= K:
             return "error: no submission attempts left"
+        if len(self.jobs) >= self.config.max_jobs:
+            return (f"error: all {self.config.max_jobs} jobs have run; choose the scored one with select_job(job) "
+                    "or stop")
         attempt = len(self.submissions) + 1
         snapshot = self.run.submission_dir(attempt) / "workspace"
         shutil.copytree(self.run.workspace, snapshot, symlinks=True)
@@ -227,7 +246,8 @@ class Episode:
     def record_job(self, attempt: int, job: Job, result: JobResult) -> str:
         """Dev score, cost, ledger, artifacts; the agent's feedback (dev only, never hidden)."""
         left = self.config.max_jobs - len(self.jobs) - 1
-        dev, dev_note, dev_seconds = jobs_.dev_score(job, result, left)
+        iterative = self.config.max_jobs > 1
+        dev, dev_note, dev_seconds = jobs_.dev_score(job, result, iterative)
         if not self.config.keep_checkpoints:  # scored (hidden and dev): the weights are no longer needed
             jobs_.discard_checkpoint(job, result)
         record = jobs_.make_record(attempt, job, result, dev, self.config, self.meter.prices, dev_seconds)
@@ -237,20 +257,16 @@ class Episode:
         self.run.write_json("job_result.json", self.job_result)
         self.run.log("job", index=len(self.jobs), attempt=attempt, job_id=job.job_id, ok=result.ok,
                      fail_reason=result.fail_reason, dev=dev, hidden_pre=result.pre, hidden_post=result.post,
-                     cost=record.cost.model_dump(), best=jobs_.best_job(self.jobs))
-        return jobs_.feedback(record, dev_note, left, iterative=self.config.max_jobs > 1)
+                     cost=record.cost.model_dump(), scored=self.scored)
+        return jobs_.feedback(record, dev_note, left, iterative=iterative, number=len(self.jobs))
 
-    def best_pre(self) -> float | None:
-        """The frozen baseline for the scored job's model; its own pre freezes it if none exists."""
+    def baseline(self) -> BestPre | None:
+        """The untrained score the scored job must beat: the best frozen score among the task's
+        allowed base models on its hidden set (ait.evals.best_pre), seeded where missing."""
         job = self.job_result
-        if job is None or not job.ok:
+        if job is None or not job.ok or job.eval_n is None:
             return None
-        fingerprint = eval_fingerprint(self.spec, job.eval_n)
-        entry = self.baselines.get(self.spec.family, job.base_model, fingerprint)
-        if entry is None and job.pre is not None:
-            entry = self.baselines.freeze(Baseline(family=self.spec.family, base_model=job.base_model,
-                                                   fingerprint=fingerprint, best_pre=job.pre, n=job.eval_n))
-        return entry.best_pre if entry else None
+        return best_pre(self.spec, job.eval_n, self.baselines, own=job)
 
 
 def run_until(executor, job: Job, seconds: float) -> JobResult | None:
@@ -286,6 +302,19 @@ def run_until(executor, job: Job, seconds: float) -> JobResult | None:
     return None
 
 
+def infra_verdict(stop: StopReason, error: str | None, job: JobResult | None,
+                  baseline: BestPre | None) -> tuple[StopReason, str | None]:
+    """An episode whose scored job failed for a reason outside the agent's code (the eval or the
+    worker failed, the base model stopped resolving), or whose best_pre could not be measured, ends
+    as infra_error: recorded, but not a verdict on the agent (the outer loop leaves it out)."""
+    if job is not None and job.fail_reason is FailReason.infra:
+        return StopReason.infra_error, f"infrastructure: {(job.error or '').splitlines()[0][:300]}"
+    if baseline is not None and not baseline.complete:
+        return StopReason.infra_error, "infrastructure: " + "; ".join(
+            f"{name}: {why}" for name, why in baseline.failed.items())
+    return stop, error
+
+
 def job_toml_parses(workspace: Path) -> bool:
     try:
         tomllib.loads((workspace / "job.toml").read_text(errors="replace"))
@@ -312,18 +341,22 @@ def run_episode(spec: TaskSpec, task_path: str | Path, policy: Policy, config: E
     episode = Episode(spec, Path(task_path).resolve(), policy, config, run, baselines or BaselineStore(), meter,
                       on_event)
     stop, turns, error = episode.run_loop()
+    if episode.jobs:  # the agent's choice, if it made one after its last job, is in by now
+        run.write_json("job_result.json", episode.job_result)
+    baseline = episode.baseline()
+    stop, error = infra_verdict(stop, error, episode.job_result, baseline)
     reward = compute_reward(
         parseable_submission=any(s.parseable for s in episode.submissions),
         valid_attempt=episode.valid_attempt, max_attempts=spec.max_submission_attempts,
-        job=episode.job_result, best_pre=episode.best_pre(), time_budget_s=spec.constraints.time_budget_s,
-        weights=config.reward)
+        job=episode.job_result, best_pre=baseline.value if baseline else None,
+        time_budget_s=spec.constraints.time_budget_s, weights=config.reward)
     run.write_json("reward.json", reward)
     result = EpisodeResult(run_id=run_id, run_dir=str(run.path), task_id=spec.id, policy=policy.name,
                            stop_reason=stop, turns=turns, submissions=episode.submissions, job=episode.job_result,
-                           jobs=episode.jobs, best_job=jobs_.best_job(episode.jobs), reward=reward,
-                           wall_seconds=time.monotonic() - start, error=error, cost=meter.summary,
+                           jobs=episode.jobs, scored_job=episode.scored, chosen_job=episode.chosen, baseline=baseline,
+                           reward=reward, wall_seconds=time.monotonic() - start, error=error, cost=meter.summary,
                            malformed_tool_calls=episode.tools.malformed)
     run.write_json("episode.json", result)
-    run.log("episode_end", stop_reason=stop.value, best_job=result.best_job,
+    run.log("episode_end", stop_reason=stop.value, scored_job=result.scored_job,
             malformed_tool_calls=result.malformed_tool_calls, **reward.metrics(), **meter.summary.metrics())
     return result

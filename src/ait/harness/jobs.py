@@ -2,9 +2,10 @@
 
 With `max_jobs > 1` the agent may run several valid jobs and refine between them. It is
 shown each job's dev-set score (the spec's public examples, scored by the family's own
-scorer) and never the hidden eval; the episode is scored on the job with the best hidden
-post score. Every job's record (hidden scores included) goes to the trajectory and the
-run directory, which the agent's file tools cannot reach.
+scorer) and never the hidden eval. The episode is scored on the job the agent chose
+(`select_job`), else on the one with the best dev score: the hidden set never picks a job,
+it only scores the one picked. Every job's record (hidden scores included) goes to the
+trajectory and the run directory, which the agent's file tools cannot reach.
 """
 
 from __future__ import annotations
@@ -48,14 +49,14 @@ def estimate_job_usd(config: EpisodeConfig, time_budget_s: float, prices: PriceT
     return job_cost(time_budget_s, gpus, gpu_type, prices).usd
 
 
-def dev_score(job: Job, result: JobResult, jobs_left: int) -> tuple[float | None, str, float]:
+def dev_score(job: Job, result: JobResult, iterative: bool) -> tuple[float | None, str, float]:
     """(score, how to describe it, seconds spent here): the job's own dev score when it reports one,
-    else a dev eval run here, only when the agent can still use it (another job may follow)."""
+    else, in an episode of several jobs (where it is shown and picks the scored job), a dev eval."""
     if not result.ok:
         return None, "", 0.0
     if result.dev is not None:
         return result.dev, "on the public dev examples", 0.0
-    if jobs_left <= 0:
+    if not iterative:
         return None, "", 0.0
     scored = run_dev_eval(job, result)
     if isinstance(scored, DevScore):
@@ -86,30 +87,38 @@ def make_record(attempt: int, job: Job, result: JobResult, dev: float | None, co
     return JobRecord(attempt=attempt, job_id=job.job_id, result=result, dev=dev, cost=cost)
 
 
-def feedback(record: JobRecord, dev_note: str, jobs_left: int, iterative: bool) -> str:
-    """What the agent reads after a valid submission ran. Never a hidden-eval number."""
+def feedback(record: JobRecord, dev_note: str, jobs_left: int, iterative: bool, number: int) -> str:
+    """What the agent reads after a valid submission ran (it is job `number`). Never a hidden-eval number."""
     result, attempt = record.result, record.attempt
     if result.ok:
-        text = f"job valid (attempt {attempt}); training finished in {result.train_seconds or 0:.0f}s"
+        text = f"job {number} valid (attempt {attempt}); training finished in {result.train_seconds or 0:.0f}s"
     else:
         reason = result.fail_reason.value if result.fail_reason else "unknown"
-        text = f"job valid (attempt {attempt}) but it failed: {reason}"
+        text = f"job {number} valid (attempt {attempt}) but it failed: {reason}"
     if not iterative:
         return text
     if record.dev is not None:
         text += f"; dev score {record.dev:.3f} {dev_note}".rstrip()
-    elif result.ok and jobs_left > 0:
+    elif result.ok:
         text += f"; no dev score ({dev_note or 'not available'})"
+    choose = ("The episode is scored on the job you choose with select_job(job), else on the one with the best "
+              "dev score.")
     if jobs_left > 0:
         return (text + f". {jobs_left} more job(s) allowed: change job.toml / env.py and call submit_job to try "
-                "to beat it, or stop; your best job is the one scored.")
-    return text + ". No jobs left; your best job is the one scored."
+                f"to beat it, or stop. {choose}")
+    return text + f". No jobs left. {choose}"
 
 
-def best_job(records: list[JobRecord]) -> int | None:
-    """Index of the job with the highest hidden post (the earliest on ties); the first job when none
-    finished, so a failed job is still what the episode reports."""
+def scored_job(records: list[JobRecord], chosen: int | None = None) -> int | None:
+    """Index of the job the episode is scored on: the agent's choice (`chosen`), else the best by dev
+    score (the earliest on ties), else the last job that finished, else the last job. Hidden scores
+    are never read here: picking the job by them would select on the test set."""
     if not records:
         return None
-    finished = [(r.result.post, -i) for i, r in enumerate(records) if r.result.ok and r.result.post is not None]
-    return -max(finished)[1] if finished else 0
+    if chosen is not None and 0 <= chosen < len(records):
+        return chosen
+    by_dev = [(r.dev, -i) for i, r in enumerate(records) if r.result.ok and r.dev is not None]
+    if by_dev:
+        return -max(by_dev)[1]
+    finished = [i for i, r in enumerate(records) if r.result.ok]
+    return finished[-1] if finished else len(records) - 1

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from ait.evals.best_pre import BestPre
 from ait.job.types import JobResult
 from ait.metering import CostSummary, JobCost, Usage
 from ait.probe.types import ProbeReport
@@ -67,6 +68,8 @@ class StopReason(str, Enum):
     budget = "budget"                            # the next step would pass (or the last passed) a USD budget
     context_full = "context_full"                # the conversation no longer fits the policy's context
     timeout = "timeout"                          # the episode's wall-clock limit (EpisodeConfig.timeout_s) passed
+    infra_error = "infra_error"                  # the scored job's eval or worker failed, or best_pre could not be
+                                                 # measured: not the agent's doing, left out of the outer loop
 
 
 class PolicyStop(Exception):
@@ -168,17 +171,21 @@ class EpisodeResult(BaseModel):
     submissions: list[Submission]
     """Every submit_job call's verdict."""
     job: JobResult | None
-    """The scored job's result: the best by hidden post when several ran."""
+    """The scored job's result: the one the agent chose, else the best by dev score (never by hidden score)."""
     jobs: list[JobRecord] = Field(default_factory=list)
     """Every job that ran, in order."""
-    best_job: int | None = None
+    scored_job: int | None = None
     """Index into `jobs` of the scored job."""
+    chosen_job: int | None = None
+    """Index into `jobs` of the job the agent chose with select_job (None: it chose none)."""
+    baseline: BestPre | None = None
+    """How best_pre was made: every allowed model's frozen untrained score, and the models left out."""
     reward: RewardBreakdown
     """The reward and its components."""
     wall_seconds: float
     """Episode wall time."""
     error: str | None = None
-    """What went wrong (policy_error, context_full) or which budget stopped the episode (budget)."""
+    """What went wrong (policy_error, context_full, infra_error) or which budget stopped the episode (budget)."""
     cost: CostSummary = Field(default_factory=CostSummary)
     """Tokens, USD and GPU-seconds of the episode."""
     malformed_tool_calls: int = 0

@@ -178,6 +178,7 @@ class FailReason(str, Enum):
     timeout = "timeout"
     killed = "killed"
     gpu_fault = "gpu_fault"
+    infra = "infra"  # not the job's doing: the eval or the worker failed, the base model stopped resolving
 
 
 class JobResult(BaseModel):
@@ -210,7 +211,8 @@ class JobResult(BaseModel):
     gpus: float | None = None
     """GPUs the job held (fractional when packed, 0 on CPU); None = not reported."""
     train_seconds: float | None = None
-    """Wall time of the GRPO loop alone."""
+    """Wall time of the whole sandboxed training process (start-up, model load, GRPO, save), by the
+    worker's clock; a packed job re-run alone adds both attempts. The speed term reads this."""
     total_seconds: float | None = None
     """Wall time of the whole job (load, evals, train)."""
     weights_changed: bool | None = None

@@ -114,7 +114,8 @@ def train(config: OuterConfig, run_dir: str | Path | None = None, *, resume: boo
             now = time.monotonic()
             row = step_metrics(step, groups, stats, version=backend.step, seconds=now - t_last,
                                staleness=[version - g.group.policy_version for g in groups],
-                               resampled=len(dropped), usd=usd, usd_total=usd_total, heldout=heldout)
+                               resampled=len(dropped), usd=usd, usd_total=usd_total, heldout=heldout,
+                               infra_errors=sum(len(g.infra) for g in groups + dropped))
             t_last = now
             run.metrics.append(row)
             if step % config.checkpoint_every == 0 or step == config.max_steps:

@@ -38,8 +38,11 @@ KEYS: dict[str, str] = {
     "hparam_use": "{job.toml [train] key: fraction of the jobs run that set it beyond the template default}",
     "staleness_mean": "mean over trained groups of (policy version at training − version the group was sampled at)",
     "staleness_max": "largest such staleness",
-    "resampled_groups": "groups dropped this step for exceeding max_steps_off_policy (and sampled again)",
+    "resampled_groups": "groups dropped this step (and sampled again) for exceeding max_steps_off_policy, or "
+                        "for having fewer than two members left once infra_error episodes were set aside",
     "timed_out": "training episodes that hit episode_timeout_s (scored as they stood)",
+    "infra_errors": "episodes of this step's groups (trained or dropped) that ended as infra_error: left out of "
+                    "their group's advantages, not a verdict on the agent",
     "policy_tokens": "completion tokens the policy sampled in those episodes",
     "train_tokens": "completion tokens in the optimizer step's batch",
     "loss": "the step's importance-sampling loss (sum over tokens / tokens; 0 when skipped)",
@@ -66,10 +69,13 @@ class SampledGroup:
 
     group: TrajectoryGroup
     episodes: list[Episode] = field(default_factory=list)
+    """The episodes trained on (their trajectories are the group's)."""
+    infra: list[Episode] = field(default_factory=list)
+    """Episodes that ended as infra_error: paid for, recorded, left out of the group."""
 
     @property
     def usd(self) -> float:
-        return sum(e.result.cost.total_usd for e in self.episodes)
+        return sum(e.result.cost.total_usd for e in self.episodes + self.infra)
 
 
 def trajectory_components(result: EpisodeResult) -> dict[str, float]:
@@ -114,7 +120,7 @@ def mean(xs: list[float]) -> float | None:
 
 def step_metrics(step: int, groups: list[SampledGroup], stats: StepStats, *, version: int, seconds: float,
                  staleness: list[int], resampled: int, usd: float, usd_total: float,
-                 heldout: list[Episode] | None = None) -> dict[str, Any]:
+                 heldout: list[Episode] | None = None, infra_errors: int = 0) -> dict[str, Any]:
     episodes = [e for g in groups for e in g.episodes]
     rewards = [e.trajectory.reward for e in episodes]
     results = [e.result for e in episodes]
@@ -141,6 +147,7 @@ def step_metrics(step: int, groups: list[SampledGroup], stats: StepStats, *, ver
         "staleness_max": max(staleness, default=0),
         "resampled_groups": resampled,
         "timed_out": sum(e.trajectory.timed_out for e in episodes),
+        "infra_errors": infra_errors,
         "policy_tokens": sum(len(t.completion_ids) for e in episodes for t in e.trajectory.turns),
         "train_tokens": stats.tokens,
         "loss": stats.loss,
@@ -156,6 +163,10 @@ def step_metrics(step: int, groups: list[SampledGroup], stats: StepStats, *, ver
 
 def timed_out(result: EpisodeResult) -> bool:
     return result.stop_reason is StopReason.timeout
+
+
+def infra_error(result: EpisodeResult) -> bool:
+    return result.stop_reason is StopReason.infra_error
 
 
 class MetricsLog:

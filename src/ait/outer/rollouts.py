@@ -12,7 +12,9 @@ An episode records the policy version it started with; a group's version is its 
 member's. Episodes run the real harness (run_episode: probe, inner job, reward) with a
 wall-clock limit, so one slow episode holds its group up by at most episode_timeout_s and is
 then scored as it stood. Episodes whose policy raised, timed out or hit a budget are kept:
-nothing is dropped silently.
+nothing is dropped silently. Episodes that ended as infra_error (the eval or a worker failed,
+not the agent) are left out of their group's advantages and counted; a group left with fewer
+than two members carries no signal and is sampled again.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 from ait.harness.episode import run_episode
 from ait.harness.types import EpisodeConfig, Message, PolicyStop, StopReason
 from ait.outer.backends import episode_policy
-from ait.outer.metrics import Episode, SampledGroup, timed_out, trajectory_components
+from ait.outer.metrics import Episode, SampledGroup, infra_error, timed_out, trajectory_components
 from ait.outer.tasks import sample_training_tasks
 from ait.outer.types import Trajectory, TrajectoryGroup, Turn
 from ait.spec import TaskSpec
@@ -122,10 +124,11 @@ class GroupSampler:
                 self.ready.put(errors[0])
                 return
             episodes = [f.result() for f in futures]
-            trajectories = [e.trajectory for e in episodes]
-            group = TrajectoryGroup(task_id=spec.id, trajectories=trajectories,
-                                    policy_version=min(t.policy_version for t in trajectories))
-            self.ready.put(SampledGroup(group=group, episodes=episodes))
+            kept = [e for e in episodes if not infra_error(e.result)]
+            group = TrajectoryGroup(task_id=spec.id, trajectories=[e.trajectory for e in kept],
+                                    policy_version=min(e.trajectory.policy_version for e in episodes))
+            self.ready.put(SampledGroup(group=group, episodes=kept,
+                                        infra=[e for e in episodes if infra_error(e.result)]))
 
         for f in futures:
             f.add_done_callback(done)
@@ -139,7 +142,8 @@ class GroupSampler:
             if isinstance(item, BaseException):
                 raise item
             self.outstanding -= 1
-            if version - item.group.policy_version > self.max_off_policy:
+            too_few = len(item.group.trajectories) < 2  # infra errors left no comparison to learn from
+            if version - item.group.policy_version > self.max_off_policy or too_few:
                 dropped.append(item)
                 self.fill(groups_still_needed - len(taken))  # re-sample in its place
                 continue
