@@ -37,6 +37,7 @@ def main() -> None:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--json", default=None, help="also write the figures to this file")
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -80,11 +81,22 @@ def main() -> None:
         print(f"grouped attention / sdpa, graph decoder: "
               f"x{results['decode_graphs'][1] / results['decode_graphs_grouped'][1]:.2f} tokens/s")
     base = results["hf_generate"]
+    rows = {}
     for name, (out, secs) in results.items():
         same = sum(a == b for a, b in zip(out, base[0]))
         first = sum(a[:16] == b[:16] for a, b in zip(out, base[0]))
         print(f"{name:22s} speed-up x{base[1] / secs:5.2f}  identical rows {same}/{len(out)}  "
               f"(first 16 tokens identical: {first}/{len(out)})")
+        rows[name] = {"seconds": secs, "tokens_per_s": args.batch * args.new_tokens / secs,
+                      "vs_generate": base[1] / secs, "identical_rows": same, "identical_first16": first}
+    if args.json:
+        import json
+        from pathlib import Path
+
+        Path(args.json).write_text(json.dumps({"model": args.model, "batch": args.batch,
+                                               "new_tokens": args.new_tokens, "device": str(device),
+                                               "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
+                                               "torch": torch.__version__, "variants": rows}, indent=2))
 
 
 if __name__ == "__main__":

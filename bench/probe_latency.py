@@ -46,6 +46,7 @@ def measure(workspaces: dict[str, tuple[Path, object]], repeats: int) -> dict[st
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="ait-bench-probe-"))
     workspaces = {}
@@ -78,6 +79,17 @@ def main() -> None:
     print(f"sandbox overhead: {med_s - med_b:+.3f} s per probe (ratio {med_s / med_b:.2f}x)")
     med_c = statistics.median([t for ts in cold.values() for t in ts])
     print(f"cold start without the zygote (sandboxed): {med_c:.3f} s ({med_c / med_s:.1f}x the warm probe)")
+    if args.json:
+        import json
+        import platform
+
+        Path(args.json).write_text(json.dumps({
+            "host": {"cpus": os.cpu_count(), "kernel": platform.release(),
+                     "layers": [l.name for l in detect.cached_capabilities().layers if l.active]},
+            "repeats": args.repeats, "median_sandboxed_s": med_s, "median_bare_s": med_b,
+            "sandbox_overhead_s": med_s - med_b, "ratio": med_s / med_b, "median_cold_s": med_c,
+            "per_family": {n: {"sandboxed": sandboxed[n], "bare": bare[n], "cold": cold[n]} for n in workspaces},
+        }, indent=2))
     shutil.rmtree(tmp, ignore_errors=True)
 
 
