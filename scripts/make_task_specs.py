@@ -1,4 +1,4 @@
-"""Write examples/tasks/*.json from the families (the committed files are this script's output).
+"""Write src/ait/tasks/*.json (examples/tasks links there) from the families (the committed files are this script's output).
 
     python scripts/make_task_specs.py            # rewrite them
     python scripts/make_task_specs.py --check    # exit 1 if any committed file differs
@@ -12,7 +12,7 @@ from pathlib import Path
 from ait.families import FAMILIES, build_spec
 from ait.spec import Constraints
 
-OUT = Path(__file__).resolve().parents[1] / "examples" / "tasks"
+OUT = Path(__file__).resolve().parents[1] / "src" / "ait" / "tasks"
 MODELS = ["tiny", "smollm2-135m", "qwen2.5-coder-0.5b", "Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B"]
 
 

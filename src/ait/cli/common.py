@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import typer
@@ -11,19 +10,26 @@ from rich.markup import escape
 
 console = Console()
 err = Console(stderr=True)
+interrupt_reported = False
+"""A command that said what Ctrl-C left behind sets this (main() then adds nothing)."""
+
+
+def fail_line(message: str) -> None:
+    """One red line on stderr; the message is printed literally (no rich markup, no wrapping)."""
+    message = ' '.join(message.replace('Value error, ', '').split())
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def fail(message: str, code: int = 2) -> None:
-    """One red line and a non-zero exit; the message is printed literally (no rich markup)."""
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    """One red line and a non-zero exit."""
+    fail_line(message)
     raise typer.Exit(code)
 
 
 def tasks_dirs() -> list[Path]:
-    dirs = [Path(os.environ["AIT_TASKS_DIR"])] if os.environ.get("AIT_TASKS_DIR") else []
-    dirs.append(Path("examples/tasks"))
-    dirs.append(Path(__file__).resolve().parents[2] / "examples" / "tasks")  # a source checkout
-    return [d for d in dirs if d.is_dir()]
+    from ait.tasks import task_dirs
+
+    return task_dirs()
 
 
 def find_task(name_or_path: str) -> Path:

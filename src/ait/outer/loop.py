@@ -168,10 +168,15 @@ def open_run(config: OuterConfig, run_dir: str | Path | None, resume: bool, say:
 
 
 def resolve_tasks(patterns: list[str]) -> list[Path]:
-    """Paths and globs -> TaskSpec files (in order, without duplicates)."""
+    """Paths and globs -> TaskSpec files (in order, without duplicates). `examples/tasks/...` falls back
+    to the specs installed with the package when run outside a source checkout."""
+    from ait.tasks import shipped_pattern
+
     out: list[Path] = []
     for pattern in patterns:
         matches = sorted(glob.glob(pattern)) or ([pattern] if Path(pattern).is_file() else [])
+        if not matches and (shipped := shipped_pattern(pattern)):
+            matches = sorted(glob.glob(shipped))
         if not matches:
             raise OuterRunError(f"tasks: {pattern!r} matches no file")
         out += [Path(m).resolve() for m in matches if Path(m).resolve() not in out]
