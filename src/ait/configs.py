@@ -20,9 +20,15 @@ class ConfigError(ValueError):
 def load_config(path: str | Path, model: type[M]) -> M:
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file {path} not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory, not a TOML file") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path} cannot be read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path} is not valid TOML: {e}") from None
     try:

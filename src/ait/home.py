@@ -12,9 +12,21 @@ import secrets
 from pathlib import Path
 
 
+class HomeError(OSError):
+    """AIT_HOME cannot be created or written; the message says which directory and what to do."""
+
+
 def ait_home() -> Path:
     home = Path(os.environ.get("AIT_HOME") or Path.home() / ".ait").expanduser()
-    home.mkdir(parents=True, exist_ok=True)
+    if home.exists() and not home.is_dir():
+        raise HomeError(20, f"AIT_HOME {home} is not a directory: point AIT_HOME at a writable directory")
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise HomeError(e.errno, f"AIT_HOME {home} cannot be created ({e.strerror}): point AIT_HOME at a "
+                                 "writable directory") from None
+    if not os.access(home, os.W_OK | os.X_OK):
+        raise HomeError(13, f"AIT_HOME {home} is not writable: point AIT_HOME at a writable directory")
     return home
 
 

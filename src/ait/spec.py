@@ -113,17 +113,27 @@ class SpecError(ValueError):
 
 
 def load_spec(path: str | Path) -> TaskSpec:
+    """A TaskSpec file, checked for structure and for meaning (its family, knobs and tools exist)."""
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"task spec {path} does not exist; see `ait tasks list` for the shipped ones")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise SpecError(f"task spec {path} is not UTF-8 text (byte {e.start}); save it as UTF-8 JSON") from None
     except json.JSONDecodeError as e:
         raise SpecError(f"task spec {path} is not valid JSON: {e}") from None
+    except OSError as e:
+        raise SpecError(f"task spec {path} cannot be read: {e.strerror}") from None
     try:
-        return TaskSpec.model_validate(data)
+        spec = TaskSpec.model_validate(data)
     except ValidationError as e:
         raise SpecError(f"task spec {path} is invalid: {format_validation_error(e)}") from None
+    from ait.families import check_spec  # families import this module: checked here, not at import
+
+    if problems := check_spec(spec):
+        raise SpecError(f"task spec {path} is invalid: {'; '.join(problems)}")
+    return spec
 
 
 def format_validation_error(e: ValidationError) -> str:

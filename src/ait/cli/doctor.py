@@ -20,11 +20,17 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 
     from ait.sandbox.types import FILESYSTEM_LAYERS
 
+    from ait.home import HomeError, ait_home
+
     caps = cached_capabilities(refresh=refresh)
     missing = [layer for layer in caps.layers if layer.name in FILESYSTEM_LAYERS and not layer.active]
+    try:
+        home = {"path": str(ait_home()), "ok": True, "problem": None}
+    except HomeError as e:
+        home = {"path": None, "ok": False, "problem": e.strerror}
     verdict = "runs" if caps.isolating else ("runs unconfined (--unsafe-no-sandbox)" if unsafe_allowed() else "refused")
     if as_json:
-        print(json.dumps({**caps.model_dump(), "agent_code": verdict,
+        print(json.dumps({**caps.model_dump(), "agent_code": verdict, "ait_home": home,
                           "filesystem_layers_missing": {layer.name: layer.detail for layer in missing}}, indent=2))
         return
     table = Table("layer", "active", "isolating", "detail", title=f"sandbox on kernel {caps.kernel}")
@@ -43,5 +49,9 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON."),
         console.print(f"[red]no layer confines the file system ({escape(why)}): agent code is refused unless "
                       "--unsafe-no-sandbox is given. Landlock needs Linux >= 5.13 with landlock in the LSM list; "
                       "a private root needs mount and PID namespaces (root, or unprivileged user namespaces).[/]")
+    if home["ok"]:
+        console.print(f"AIT_HOME {escape(home['path'])} is writable")
+    else:
+        console.print(f"[red]{escape(home['problem'])}[/] (episodes, workers and baselines need it)")
     v = versions()
     console.print("versions: " + ", ".join(f"{k} {v[k]}" for k in ("python", "torch", "transformers", "trl")))

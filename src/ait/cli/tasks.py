@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ait.cli.common import console, fail, load_task, tasks_dirs
+from ait.cli.common import err, console, fail, load_task, tasks_dirs
 
 app = typer.Typer(help="List and inspect task specs.", no_args_is_help=True)
 
@@ -17,7 +17,7 @@ app = typer.Typer(help="List and inspect task specs.", no_args_is_help=True)
 def tasks_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """List the shipped task specs."""
     from ait.families import FAMILIES
-    from ait.spec import load_spec
+    from ait.spec import SpecError, load_spec
 
     seen, rows = set(), []
     for d in tasks_dirs():
@@ -25,7 +25,11 @@ def tasks_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")
             if p.stem in seen:
                 continue
             seen.add(p.stem)
-            s = load_spec(p)
+            try:
+                s = load_spec(p)
+            except SpecError as e:  # one broken file in a tasks dir does not hide the others
+                err.print(f"[yellow]skipped[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+                continue
             rows.append({"name": p.stem, "family": s.family, "held_out": FAMILIES[s.family].held_out,
                          "path": str(p), "models": s.constraints.allowed_base_models})
     if as_json:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from pydantic import ValidationError
+
 from ait.families.base import Example, Family, ToolCall
 from ait.families.calc_chain import CalcChain
 from ait.families.dispatch import Dispatch
@@ -50,9 +52,31 @@ def build_spec(name: str, *, task_id: str | None = None, difficulty: dict[str, A
     )
 
 
+def check_spec(spec: TaskSpec) -> list[str]:
+    """What makes a structurally valid TaskSpec unusable, one line each (empty: usable): an unknown
+    family, difficulty knobs the family does not have or of the wrong type, tools other than the
+    family's (the hidden eval runs the family's own tools and scorer)."""
+    if spec.family not in FAMILIES:
+        return [f"family: unknown task family {spec.family!r}; known: {', '.join(sorted(FAMILIES))}"]
+    family = FAMILIES[spec.family]
+    try:
+        knobs = family.Difficulty.model_validate(spec.difficulty, strict=True)
+    except ValidationError as e:
+        from ait.spec import format_validation_error
+
+        return [f"difficulty: {format_validation_error(e)} (the knobs of {spec.family}: "
+                f"{', '.join(family.Difficulty.model_fields)})"]
+    wanted = sorted(t.name for t in family.eval_format(knobs).tools)
+    given = sorted(t.name for t in spec.eval_format.tools)
+    if given != wanted:
+        return [f"eval_format.tools: {given} are not {spec.family}'s tools {wanted} (the hidden eval runs the "
+                "family's own tools)"]
+    return []
+
+
 def training_families() -> list[str]:
     """Families the outer loop may train on (held-out ones excluded)."""
     return sorted(name for name, f in FAMILIES.items() if not f.held_out)
 
 
-__all__ = ["Example", "FAMILIES", "Family", "ToolCall", "build_spec", "get_family", "training_families"]
+__all__ = ["Example", "FAMILIES", "Family", "ToolCall", "build_spec", "check_spec", "get_family", "training_families"]

@@ -89,20 +89,32 @@ def detect() -> Capabilities:
     return Capabilities(kernel=platform.release(), detector=DETECTOR_VERSION, layers=layers)
 
 
-def cached_capabilities(refresh: bool = False) -> Capabilities:
-    """Detection is a few hundred ms; cache it per kernel release in AIT_HOME/sandbox.json."""
-    from ait.home import ait_home
+_memo: list[Capabilities] = []
 
-    path = ait_home() / "sandbox.json"
+
+def cached_capabilities(refresh: bool = False) -> Capabilities:
+    """Detection is a few hundred ms; cache it per kernel release in AIT_HOME/sandbox.json (in memory
+    only when AIT_HOME is not writable: `ait doctor` still answers)."""
+    from ait.home import HomeError, ait_home
+
+    try:
+        path = ait_home() / "sandbox.json"
+    except HomeError:
+        if refresh or not _memo:
+            _memo[:] = [detect()]
+        return _memo[0]
     if not refresh and path.exists():
         try:
             caps = Capabilities.model_validate_json(path.read_text())
             if caps.kernel == platform.release() and caps.detector == DETECTOR_VERSION:
                 return caps
-        except ValueError:
+        except (ValueError, OSError):
             pass
     caps = detect()
-    path.write_text(caps.model_dump_json(indent=2))
+    try:
+        path.write_text(caps.model_dump_json(indent=2))
+    except OSError:
+        pass  # detected again next time
     return caps
 
 
