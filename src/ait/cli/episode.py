@@ -2,51 +2,84 @@
 
 from __future__ import annotations
 
+import os
+import time
+from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import Optional
 
 import typer
+from pydantic import ValidationError
 from rich.markup import escape
 from rich.table import Table
 
+from ait.cli import common
 from ait.cli.common import console, err, fail, load_task
 
 
-def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path or name."),
+class Executor(str, Enum):
+    inline = "inline"
+    queue = "queue"
+    local = "local"
+    ray = "ray"
+
+
+# Exit statuses: scripts can tell a scored job from an agent that produced none from a broken run.
+EXIT_NO_JOB, EXIT_BROKEN, EXIT_INTERRUPTED = 1, 3, 130
+BROKEN = {"policy_error", "infra_error"}
+FLAGS = {"eval_size": "--eval-size", "max_jobs": "--max-jobs", "budget_usd": "--budget-usd",
+         "run_budget_usd": "--run-budget-usd", "executor": "--executor", "ray_address": "--ray-address",
+         "run_group": "--run-group"}
+
+
+def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path or name (`ait tasks list`)."),
             policy: str = typer.Option("reference", help="Agent policy: reference[:N], openai:MODEL or "
                                        "hf:PATH_OR_NAME (hf:tiny for the built-in tiny model)."),
             base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint (OpenRouter, vLLM, ...)."),
-            temperature: Optional[float] = typer.Option(None, help="Sampling temperature of an LLM policy."),
-            max_jobs: Optional[int] = typer.Option(None, help="Jobs the agent may run, seeing dev scores between."),
-            budget_usd: Optional[float] = typer.Option(None, help="Stop the episode before it spends more (USD)."),
-            run_budget_usd: Optional[float] = typer.Option(None, help="Cap on the ledger's spend for --run-group."),
+            temperature: Optional[float] = typer.Option(None, min=0.0, max=2.0,
+                                                        help="Sampling temperature of an LLM policy."),
+            max_jobs: Optional[int] = typer.Option(None, min=1, max=20,
+                                                   help="Jobs the agent may run, seeing dev scores between."),
+            budget_usd: Optional[float] = typer.Option(None, min=0.0, help="Stop the episode before it spends more (USD)."),
+            run_budget_usd: Optional[float] = typer.Option(None, min=0.0,
+                                                           help="Cap on the ledger's spend for --run-group."),
             run_group: Optional[str] = typer.Option(None, help="Tag for ledger lines; scopes --run-budget-usd."),
-            executor: Optional[str] = typer.Option(None, help="inline (default), queue (needs `ait worker`), local or ray."),
+            executor: Optional[Executor] = typer.Option(None, help="inline (default), queue (needs `ait worker`), "
+                                                        "local or ray."),
             ray_address: Optional[str] = typer.Option(None, help="Ray cluster address (with --executor ray)."),
             config: Optional[Path] = typer.Option(None, help="EpisodeConfig TOML."),
-            eval_size: Optional[int] = typer.Option(None, help="Hidden examples to score (default: the spec's)."),
+            eval_size: Optional[int] = typer.Option(None, min=1, max=10_000,
+                                                    help="Hidden examples to score (default: the spec's)."),
             base_model: Optional[str] = typer.Option(None, help="Base model the reference policy trains (one the "
                                                      "task allows, e.g. smollm2-135m)."),
             runs_dir: Optional[Path] = typer.Option(None, help="Where runs/<id>/ goes (default ./runs or AIT_RUNS)."),
             as_json: bool = typer.Option(False, "--json", help="Print the EpisodeResult as JSON.")) -> None:
-    """Run one episode end to end: the agent writes a job, it is probed, trained, evaluated, rewarded."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    """Run one episode end to end: the agent writes a job, it is probed, trained, evaluated, rewarded.
 
+    Exit status: 0 when a job was scored; 1 when the agent produced none (no valid submission,
+    turn cap, budget, timeout); 3 when the run broke (policy_error, infra_error); 130 on Ctrl-C
+    (the episode is still recorded, with stop reason `interrupted`, and its job stopped)."""
     from ait.configs import ConfigError, load_config
     from ait.compute.executors import make_executor
-    from ait.harness.episode import run_episode
-    from ait.sandbox import SandboxUnavailable, require_isolation
+    from ait.harness.episode import EpisodeInterrupted, run_episode
     from ait.harness.types import EpisodeConfig
     from ait.metering import load_prices
     from ait.policy.base import make_policy
+    from ait.runs import runs_root
+    from ait.sandbox import SandboxUnavailable, require_isolation
 
     spec, path = load_task(task)
     try:
         cfg = load_config(config, EpisodeConfig) if config else EpisodeConfig()
-        overrides = {k: v for k, v in {"executor": executor, "eval_size": eval_size, "ray_address": ray_address,
-                                       "max_jobs": max_jobs, "budget_usd": budget_usd, "run_group": run_group,
-                                       "run_budget_usd": run_budget_usd}.items() if v is not None}
-        cfg = EpisodeConfig.model_validate({**cfg.model_dump(), **overrides})
+        overrides = {k: v for k, v in {"executor": executor.value if executor else None, "eval_size": eval_size,
+                                       "ray_address": ray_address, "max_jobs": max_jobs, "budget_usd": budget_usd,
+                                       "run_group": run_group, "run_budget_usd": run_budget_usd}.items()
+                     if v is not None}
+        try:
+            cfg = EpisodeConfig.model_validate({**cfg.model_dump(), **overrides})
+        except ValidationError as e:
+            fail(flag_errors(e))
         load_prices(cfg.prices_path)  # a broken price file fails here, not mid-episode
         agent = make_policy(policy, base_url=base_url, temperature=temperature)
         if base_model is not None:
@@ -61,19 +94,76 @@ def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path
         make_executor(cfg)  # fail now, not mid-episode, if the executor cannot start (e.g. Ray missing)
     except (ConfigError, ValueError, RuntimeError) as e:
         fail(str(e))
+    root = writable_dir(runs_dir or runs_root(), "--runs-dir")
     try:
         require_isolation()
     except SandboxUnavailable as e:
         fail(str(e))
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
-                  transient=True, disable=as_json) as progress:
-        bar = progress.add_task(f"episode on {spec.id}", total=None)
-        result = run_episode(spec, path, agent, cfg, runs_dir=runs_dir,
-                             on_event=lambda msg: progress.update(bar, description=msg))
+    try:
+        with progress_reporter(f"episode on {spec.id}", quiet=as_json) as report:
+            result = run_episode(spec, path, agent, cfg, runs_dir=root, on_event=report)
+    except EpisodeInterrupted as e:
+        common.interrupt_reported = True
+        err.print(f"[yellow]interrupted[/]: episode recorded in {escape(e.result.run_dir)} (stop reason "
+                  f"interrupted; its job, if one ran, was stopped and its seconds are in the ledger)", highlight=False,
+                  soft_wrap=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     if as_json:
         print(result.model_dump_json(indent=2))
-        return
-    print_episode(result)
+    else:
+        print_episode(result)
+    stop = result.stop_reason.value
+    if stop in BROKEN:
+        raise typer.Exit(EXIT_BROKEN)
+    if result.job is None:
+        raise typer.Exit(EXIT_NO_JOB)
+
+
+def flag_errors(e: ValidationError) -> str:
+    """A config validation error as the flags the user typed, one line."""
+    parts = []
+    for error in e.errors(include_url=False, include_input=False):
+        key = str(error["loc"][0]) if error["loc"] else ""
+        parts.append(f"{FLAGS.get(key, key)}: {error['msg'].removeprefix('Value error, ')}")
+    return "; ".join(parts)
+
+
+def writable_dir(path: Path, flag: str) -> Path:
+    """`path` as a directory this process can write (created if missing), or a one-line error."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        fail(f"{flag} {path}: cannot create it ({e.strerror})")
+    if not path.is_dir():
+        fail(f"{flag} {path}: not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        fail(f"{flag} {path}: not writable")
+    return path
+
+
+@contextmanager
+def progress_reporter(title: str, quiet: bool = False):
+    """on_event for long work: a spinner on a terminal; on a pipe or a file, one timestamped line
+    per event as it happens (a log read later, or `| tee`, shows progress, not only the end)."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    if quiet:
+        yield lambda _msg: None
+    elif err.is_terminal:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
+                      transient=True) as progress:
+            bar = progress.add_task(title, total=None)
+            yield lambda msg: progress.update(bar, description=msg)
+    else:
+        start, last = time.monotonic(), [""]
+
+        def line(msg: str) -> None:
+            if msg != last[0]:  # a queue wait repeats its state every second
+                last[0] = msg
+                err.print(f"[{time.monotonic() - start:7.1f}s] {escape(msg)}", highlight=False, soft_wrap=True)
+
+        line(title)
+        yield line
 
 
 def print_episode(result) -> None:
@@ -95,7 +185,7 @@ def print_episode(result) -> None:
                 if result.baseline.excluded else ""
             table.add_row("best_pre from", f"{scores}{left_out}")
         status = "ok" if job.ok else f"failed: {job.fail_reason.value}"
-        table.add_row("job", f"{status}, base model {job.base_model}, train {job.train_seconds or 0:.1f}s, "
+        table.add_row("job", f"{status}, base model {escape(str(job.base_model))}, train {job.train_seconds or 0:.1f}s, "
                       f"total {job.total_seconds or 0:.1f}s")
     if len(result.jobs) > 1:
         for i, rec in enumerate(result.jobs):
@@ -112,7 +202,7 @@ def print_episode(result) -> None:
     if result.malformed_tool_calls:
         table.add_row("malformed tool calls", str(result.malformed_tool_calls))
     stop = f"{result.stop_reason.value} after {result.turns} turns"
-    table.add_row("stop reason", stop + (f": {result.error}" if result.error else ""))
+    table.add_row("stop reason", escape(stop + (f": {result.error}" if result.error else "")))
     table.add_row("wall time", f"{result.wall_seconds:.1f}s")
-    table.add_row("run dir", result.run_dir)
+    table.add_row("run dir", escape(result.run_dir))
     console.print(table)

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from ait.compute.run_job import run_job
@@ -21,27 +22,56 @@ class Executor(Protocol):
         """Run a job to completion and return its result (failures are results, not exceptions)."""
 
 
+def cancel_job(executor: Executor, job: Job) -> None:
+    """Stop a job its episode gave up on (Ctrl-C): the queue cancels it, a Ray task is cancelled,
+    and the processes this process started for it are killed."""
+    from ait.compute import processes
+
+    processes.kill(job.job_id)
+    if hasattr(executor, "cancel"):
+        executor.cancel(job)
+
+
 class InlineExecutor:
     def run(self, job: Job) -> JobResult:
         return run_job(job)
 
 
 class QueueExecutor:
-    def __init__(self, queue_path: str, wait_s: float):
+    """Enqueue and wait for an `ait worker` to run it, saying what it waits on (a queue nobody
+    serves is named at once, not discovered after job_wait_s)."""
+
+    def __init__(self, queue_path: str, wait_s: float, on_event: Callable[[str], None] | None = None):
         self.queue = JobQueue(queue_path)
         self.wait_s = wait_s
+        self.on_event = on_event or (lambda _msg: None)
 
     def run(self, job: Job) -> JobResult:
         self.queue.enqueue(job)
+        path = self.queue.path
+
+        def waiting(entry) -> None:
+            if entry.state.value == "running":
+                self.on_event(f"training and evaluating on worker {entry.worker_id}")
+            elif self.queue.live_workers():
+                self.on_event(f"queued on {path}; waiting for a free worker")
+            else:
+                self.on_event(f"queued on {path}; no worker is serving it: start `ait worker --queue {path}`")
+
         try:
-            entry = self.queue.wait(job.job_id, timeout_s=self.wait_s)
+            entry = self.queue.wait(job.job_id, timeout_s=self.wait_s, on_poll=waiting)
         except TimeoutError as e:  # no worker took it in time: nothing the job did
+            self.queue.cancel(job.job_id, f"not run within the episode's {self.wait_s:g}s wait; cancelled")
             return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.infra,
                              error=f"{e}; is an `ait worker` running on this queue?")
         if entry.result is not None:
             return entry.result
-        # Dead: its leases kept expiring (workers lost); no result at all: the queue lost it.
+        # Dead: its leases kept expiring (workers lost), or it was cancelled; no result at all.
         return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.infra, error=entry.error)
+
+    def cancel(self, job: Job) -> None:
+        """The episode gave up (Ctrl-C): no worker may train it into an abandoned run directory."""
+        self.queue.cancel(job.job_id, "cancelled: its episode was interrupted")
 
 
 def make_executor(config: EpisodeConfig) -> Executor:

@@ -152,11 +152,19 @@ class RayExecutor:
         self.address = address
         self.wait_s = wait_s
         self.job_fn = job_fn
+        self._refs: dict[str, object] = {}
+
+    def cancel(self, job: Job) -> None:
+        """The episode gave up on the job (Ctrl-C): cancel its task, killing its processes."""
+        ref = self._refs.pop(job.job_id, None)
+        if ref is not None:
+            import_ray().cancel(ref, force=True)
 
     def run(self, job: Job) -> JobResult:
         ray = init_ray(self.address)
         use_gpus = ray.cluster_resources().get("GPU", 0) >= 1  # a whole GPU when the cluster has one
         ref = _remote_task().options(**task_options(use_gpus)).remote(self.job_fn, job, use_gpus)
+        self._refs[job.job_id] = ref
         try:
             return ray.get(ref, timeout=self.wait_s)
         except ray.exceptions.GetTimeoutError:

@@ -18,7 +18,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Callable
 
-from ait.compute.executors import make_executor
+from ait.compute.executors import cancel_job, make_executor
 from ait.evals.baselines import BaselineStore
 from ait.evals.best_pre import BestPre, best_pre
 from ait.harness import jobs as jobs_
@@ -75,6 +75,7 @@ class Episode:
         self.deadline = None if config.timeout_s is None else time.monotonic() + config.timeout_s
         self.timed_out = False  # the wall-clock limit passed; the episode is scored as it stood
         self.chosen: int | None = None  # the job the agent chose with select_job (an index into jobs)
+        self.turns = 0  # policy turns started
         seed_workspace(run.workspace, spec)
         files_ = WorkspaceTools(run.workspace, read_only=READ_ONLY)
         self.tools = EpisodeTools(files_, spec, submit=self.submit_job, select=self.select_job, baselines=baselines)
@@ -107,6 +108,7 @@ class Episode:
         self.policy.reset(self.spec)
         nudges = 0
         for turn in range(1, self.config.max_turns + 1):
+            self.turns = turn
             # Before the call: stop if it would pass a budget (estimated at the last call's price).
             if why := self.meter.over_budget(self.meter.last_call_usd):
                 return self.stop_for_budget(turn - 1, why)
@@ -229,12 +231,24 @@ class Episode:
 
     def run_job(self, job: Job) -> JobResult:
         """The executor's result; with a deadline, a job still running when it passes is killed and
-        recorded as failed (timeout), and the episode ends as timed out."""
+        recorded as failed (timeout), and the episode ends as timed out. Interrupted (Ctrl-C), the
+        job is stopped (its processes killed, its queue entry cancelled) and recorded as killed, with
+        the seconds it ran in the ledger, before the interrupt goes on."""
         executor = make_executor(self.config)
-        left = self.seconds_left()
-        if left is None:
-            return executor.run(job)
-        result = run_until(executor, job, left)
+        if hasattr(executor, "on_event"):  # the queue says what it waits on (a worker, a free slot)
+            executor.on_event = self.on_event
+        start = time.monotonic()
+        try:
+            left = self.seconds_left()
+            result = executor.run(job) if left is None else run_until(executor, job, left)
+        except KeyboardInterrupt:
+            cancel_job(executor, job)
+            spent = time.monotonic() - start
+            self.run.log("job_interrupted", job_id=job.job_id, seconds=round(spent, 3))
+            self.record_job(self.submissions[-1].attempt, job, JobResult(
+                job_id=job.job_id, ok=False, fail_reason=FailReason.killed, base_model=job.config.job.base_model,
+                total_seconds=spent, error="interrupted (Ctrl-C): the job was stopped"))
+            raise
         if result is None:
             self.timed_out = True
             self.run.log("job_timeout", job_id=job.job_id, seconds_left=0.0)
@@ -302,6 +316,24 @@ def run_until(executor, job: Job, seconds: float) -> JobResult | None:
     return None
 
 
+class EpisodeInterrupted(KeyboardInterrupt):
+    """Ctrl-C ended the episode; it was recorded first (episode.json, stop reason `interrupted`)."""
+
+    def __init__(self, result: EpisodeResult):
+        super().__init__(f"episode {result.run_id} interrupted")
+        self.result = result
+
+
+def stop_probe() -> None:
+    """A probe the interrupt cut short must not run on: the warm interpreter goes, taking its child."""
+    from ait.probe.runner import probe_zygote
+
+    zygote = probe_zygote()
+    if zygote is not None:
+        zygote.close()
+    probe_zygote.cache_clear()
+
+
 def infra_verdict(stop: StopReason, error: str | None, job: JobResult | None,
                   baseline: BestPre | None) -> tuple[StopReason, str | None]:
     """An episode whose scored job failed for a reason outside the agent's code (the eval or the
@@ -340,10 +372,17 @@ def run_episode(spec: TaskSpec, task_path: str | Path, policy: Policy, config: E
                                      "started_at": time.time()})
     episode = Episode(spec, Path(task_path).resolve(), policy, config, run, baselines or BaselineStore(), meter,
                       on_event)
-    stop, turns, error = episode.run_loop()
+    interrupted = False
+    try:
+        stop, turns, error = episode.run_loop()
+    except KeyboardInterrupt:  # recorded, then passed on: the caller still sees the interrupt
+        interrupted = True
+        stop, turns, error = StopReason.interrupted, episode.turns, "interrupted (Ctrl-C)"
+        stop_probe()
+        run.log("interrupted", turns=turns)
     if episode.jobs:  # the agent's choice, if it made one after its last job, is in by now
         run.write_json("job_result.json", episode.job_result)
-    baseline = episode.baseline()
+    baseline = None if interrupted else episode.baseline()  # no baseline eval is started after Ctrl-C
     stop, error = infra_verdict(stop, error, episode.job_result, baseline)
     reward = compute_reward(
         parseable_submission=any(s.parseable for s in episode.submissions),
@@ -359,4 +398,6 @@ def run_episode(spec: TaskSpec, task_path: str | Path, policy: Policy, config: E
     run.write_json("episode.json", result)
     run.log("episode_end", stop_reason=stop.value, scored_job=result.scored_job,
             malformed_tool_calls=result.malformed_tool_calls, **reward.metrics(), **meter.summary.metrics())
+    if interrupted:
+        raise EpisodeInterrupted(result)
     return result

@@ -68,6 +68,7 @@ class StopReason(str, Enum):
     budget = "budget"                            # the next step would pass (or the last passed) a USD budget
     context_full = "context_full"                # the conversation no longer fits the policy's context
     timeout = "timeout"                          # the episode's wall-clock limit (EpisodeConfig.timeout_s) passed
+    interrupted = "interrupted"                  # Ctrl-C: recorded as it stood, its job stopped
     infra_error = "infra_error"                  # the scored job's eval or worker failed, or best_pre could not be
                                                  # measured: not the agent's doing, left out of the outer loop
 

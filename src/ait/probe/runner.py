@@ -42,6 +42,37 @@ def probe_zygote() -> Zygote | None:
     return Zygote(PROBE_PRELOAD, env=scrubbed_env(home, {"AIT_ZYGOTE_TINY": str(tiny_model_path())}))
 
 
+def static_errors(workspace: str | Path, spec: TaskSpec) -> list[ProbeError]:
+    """What can be found without running anything, in well under a second: job.toml (TOML, keys,
+    bounds, an available base model), env.py present, UTF-8 and valid Python. `ait job validate`
+    reports these at once instead of after the probe's start-up."""
+    import ast
+
+    workspace = Path(workspace)
+    errors: list[ProbeError] = []
+    try:
+        config = load_job_config(workspace / "job.toml", spec.constraints)
+        if why := model_availability(config.job.base_model):
+            errors.append(ProbeError(check=ProbeCheck.config, message=(
+                f"base model {config.job.base_model!r} is not available on this install ({why})")))
+    except JobConfigError as e:
+        errors.append(ProbeError(check=ProbeCheck.config, message=str(e)))
+    env = workspace / "env.py"
+    if not env.is_file():
+        errors.append(ProbeError(check=ProbeCheck.env_import, message="env.py not found in the workspace"))
+        return errors
+    try:
+        ast.parse(read_regular_file(env, 5_000_000).decode("utf-8"), filename="env.py")
+    except UnicodeDecodeError as e:
+        errors.append(ProbeError(check=ProbeCheck.env_import, message=f"env.py is not UTF-8 text (byte {e.start})"))
+    except SyntaxError as e:
+        errors.append(ProbeError(check=ProbeCheck.env_import,
+                                 message=f"SyntaxError: {e.msg} (env.py line {e.lineno})"))
+    except (OSError, ValueError) as e:
+        errors.append(ProbeError(check=ProbeCheck.env_import, message=f"env.py cannot be read: {e}"))
+    return errors
+
+
 def probe_workspace(workspace: str | Path, spec: TaskSpec, timeout_s: float = DEFAULT_TIMEOUT_S,
                     dry_run: bool = True) -> ProbeReport:
     workspace = Path(workspace).resolve()
