@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 
 import typer
@@ -9,23 +10,34 @@ from rich.markup import escape
 
 from ait.cli.common import console, err, fail
 
+ONCE_GRACE_S = 10.0
 
-def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite queue file."),
-           executor: str = typer.Option("local", help="local (slots on this machine) or ray (Ray tasks)."),
-           slots: int | None = typer.Option(None, help="Jobs at once (default: GPUs x jobs-per-gpu, 1 on CPU; "
-                                                           "ray: what the cluster fits)."),
+
+class WorkerExecutor(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
+def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite queue file (must exist, unless "
+                                      "--create)."),
+           create: bool = typer.Option(False, "--create", help="Create the queue file if it does not exist."),
+           executor: WorkerExecutor = typer.Option(WorkerExecutor.local, help="local (slots on this machine) or ray "
+                                                   "(Ray tasks)."),
+           slots: int | None = typer.Option(None, min=1, help="Jobs at once (default: GPUs x jobs-per-gpu, 1 on "
+                                                              "CPU; ray: what the cluster fits)."),
            gpus: str | None = typer.Option(None, help="GPU ids for the slots, e.g. 0,1 (none: CPU slots "
                                                          "with CUDA_VISIBLE_DEVICES=''); all: every visible GPU. ray: any value asks Ray for GPUs."),
-           jobs_per_gpu: int = typer.Option(1, help="Jobs packed on one GPU."),
+           jobs_per_gpu: int = typer.Option(1, min=1, help="Jobs packed on one GPU."),
            mps_thread_percentage: int | None = typer.Option(
-               None, help="Under CUDA MPS, the share of a GPU's SMs (1-100) each local job may use."),
-           once: bool = typer.Option(False, "--once", help="Drain the queued jobs, then exit."),
-           idle_exit: float | None = typer.Option(None, help="Exit after this many idle seconds."),
-           lease: float = typer.Option(60.0, help="Lease length in seconds (heartbeats renew it)."),
-           max_attempts: int = typer.Option(3, help="Attempts before a job whose workers keep dying is dead."),
-           drain_timeout: float | None = typer.Option(None, help="After SIGTERM, release still-running jobs "
-                                                                    "after this many seconds."),
-           poll: float = typer.Option(0.05, help="Seconds between polls of an idle queue."),
+               None, min=1, max=100, help="Under CUDA MPS, the share of a GPU's SMs (1-100) each local job may use."),
+           once: bool = typer.Option(False, "--once", help="Drain the queued jobs, then exit (waiting up to "
+                                     f"{ONCE_GRACE_S:g} s for a first one)."),
+           idle_exit: float | None = typer.Option(None, min=0, help="Exit after this many idle seconds."),
+           lease: float = typer.Option(60.0, min=1, help="Lease length in seconds (heartbeats renew it)."),
+           max_attempts: int = typer.Option(3, min=1, help="Attempts before a job whose workers keep dying is dead."),
+           drain_timeout: float | None = typer.Option(None, min=0, help="After SIGTERM, release still-running jobs "
+                                                                          "after this many seconds."),
+           poll: float = typer.Option(0.05, min=0.001, help="Seconds between polls of an idle queue."),
            ray_address: str | None = typer.Option(None, help="Ray cluster to join (default: a private local Ray)."),
            ) -> None:
     """Serve jobs from the queue: train, evaluate, report results.
@@ -36,11 +48,9 @@ def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite qu
     from ait.compute.worker import WorkerEvent, WorkerOptions, WorkerStats, serve
     from ait.queue import JobQueue, QueueError
 
-    if executor not in ("local", "ray"):
-        fail(f"--executor must be local or ray, not {executor!r}")
     try:
-        q = JobQueue(queue, lease_s=lease, max_attempts=max_attempts)
-        if executor == "ray":
+        q = JobQueue(queue, lease_s=lease, max_attempts=max_attempts, must_exist=not create)
+        if executor is WorkerExecutor.ray:
             from ait.compute.ray_executor import RayLauncher
 
             launcher = RayLauncher(slots, use_gpus=bool(gpus), jobs_per_gpu=jobs_per_gpu, address=ray_address)
@@ -48,10 +58,14 @@ def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite qu
             gpu_ids = detect_gpus() if gpus == "all" else parse_gpus(gpus)
             if gpus == "all" and not gpu_ids:
                 raise ValueError("--gpus all: no GPU is visible here (CUDA_VISIBLE_DEVICES or torch)")
+            if gpus and gpus != "all" and (unknown := sorted(set(gpu_ids) - set(detect_gpus()))):
+                visible = ",".join(detect_gpus()) or "none"
+                raise ValueError(f"--gpus {gpus}: GPU {','.join(unknown)} is not visible here (visible: {visible})")
             launcher = LocalLauncher(slot_envs(slots, gpu_ids, jobs_per_gpu, mps_thread_percentage))
     except (QueueError, ValueError, RuntimeError, ConnectionError) as e:
         fail(str(e))  # fail() prints literally: "pip install 'ait[ray]'" is not rich markup
-    options = WorkerOptions(once=once, idle_exit_s=idle_exit, poll_s=poll, drain_timeout_s=drain_timeout)
+    options = WorkerOptions(once=once, once_grace_s=ONCE_GRACE_S, idle_exit_s=idle_exit, poll_s=poll,
+                            drain_timeout_s=drain_timeout)
     err.print(f"worker on {q.path} ({launcher.describe()}); logs in {q.path.parent / 'logs'}", highlight=False)
 
     def line(s: WorkerStats) -> str:

@@ -34,6 +34,7 @@ from ait.job.types import FailReason, Job, JobResult
 from ait.queue import JobQueue, JobState, Lease, QueueError, StaleLeaseError
 
 KILL_GRACE_S = 30.0  # how long a released job's slot may take to notice its processes died
+TOUCH_EVERY_S = 5.0  # how often a serving worker marks itself alive in the queue
 
 
 def worker_id() -> str:
@@ -43,6 +44,9 @@ def worker_id() -> str:
 class WorkerOptions(BaseModel):
     once: bool = False
     """Exit as soon as nothing is queued and nothing runs."""
+    once_grace_s: float = 0.0
+    """With `once`: before the first job, wait this long for one to be queued (a worker started just
+    before its episode enqueues would otherwise exit at once and leave the episode waiting)."""
     idle_exit_s: float | None = None
     """Exit after this long with nothing to run."""
     poll_s: float = 0.05
@@ -249,9 +253,16 @@ def serve(queue: JobQueue, launcher: Launcher, options: WorkerOptions | None = N
                              name="ait-heartbeat", daemon=True)
     beats.start()
     idle_since, drain_deadline = time.monotonic(), None
+    started, last_touch = time.monotonic(), 0.0
     try:
         with _Signals() as signals:
             while True:
+                if time.monotonic() - last_touch >= TOUCH_EVERY_S:  # waiting episodes see a live worker
+                    last_touch = time.monotonic()
+                    try:
+                        queue.touch_worker(wid)
+                    except (sqlite3.Error, QueueError):
+                        pass
                 if signals.count and not stats.stopping:
                     stats.stopping = True
                     if opts.drain_timeout_s is not None:
@@ -277,8 +288,8 @@ def serve(queue: JobQueue, launcher: Launcher, options: WorkerOptions | None = N
                     emit("claimed", f"{lease.job_id} started (attempt {lease.attempt}, slot {slot})", lease.job_id)
                 if running or claimed:
                     idle_since = time.monotonic()
-                elif stats.stopping or opts.once or (
-                        opts.idle_exit_s is not None and time.monotonic() - idle_since >= opts.idle_exit_s):
+                elif stats.stopping or (opts.once and (stats.claimed or time.monotonic() - started >= opts.once_grace_s)) \
+                        or (opts.idle_exit_s is not None and time.monotonic() - idle_since >= opts.idle_exit_s):
                     break
                 if running:
                     done, _ = wait(list(running), timeout=opts.poll_s, return_when=FIRST_COMPLETED)

@@ -50,6 +50,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     result           TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_state_seq ON jobs (state, seq);
+CREATE TABLE IF NOT EXISTS workers (
+    worker_id        TEXT PRIMARY KEY,
+    last_seen        REAL NOT NULL                       -- a serving worker touches this every few seconds
+);
 """
 
 # The oldest claimable job. Two index seeks, one per state, instead of `state = a OR state = b
@@ -75,10 +79,16 @@ class JobQueue:
         max_attempts: int = 3,
         clock: Callable[[], float] = time.time,
         reuse_connections: bool = True,
+        must_exist: bool = False,
     ) -> None:
+        """`must_exist`: refuse a path with no queue yet (a consumer given a typo'd path would
+        otherwise serve a new, empty queue forever)."""
         if lease_s <= 0 or max_attempts < 1:
             raise ValueError(f"need lease_s > 0 and max_attempts >= 1, got {lease_s=} {max_attempts=}")
         self.path = Path(path)
+        if must_exist and not self.path.is_file():
+            raise QueueError(f"no queue at {self.path}: check the path, or create it by enqueuing "
+                             "(ait episode --executor queue --queue PATH) or with ait worker --create")
         self.lease_s = lease_s
         self.max_attempts = max_attempts
         self.clock = clock
@@ -271,6 +281,31 @@ class JobQueue:
             )
             return cur.rowcount == 1
 
+    def cancel(self, job_id: str, reason: str) -> bool:
+        """End a queued or running job as dead with `reason` (its episode gave up on it): no worker
+        claims it again, and a worker still running it loses its lease (its result is refused).
+        False when the job is unknown or already finished."""
+        with self._tx() as conn:
+            cur = conn.execute(
+                "UPDATE jobs SET state = ?, token = NULL, lease_expires_at = NULL, error = ?, updated_at = ?"
+                " WHERE job_id = ? AND state IN (?, ?)",
+                (JobState.dead.value, reason, self.clock(), job_id, JobState.queued.value, JobState.running.value),
+            )
+            return cur.rowcount == 1
+
+    def touch_worker(self, worker_id: str) -> None:
+        """A serving worker says it is alive (episodes waiting on the queue read this)."""
+        with self._tx() as conn:
+            conn.execute("INSERT INTO workers (worker_id, last_seen) VALUES (?, ?)"
+                         " ON CONFLICT (worker_id) DO UPDATE SET last_seen = excluded.last_seen",
+                         (worker_id, self.clock()))
+
+    def live_workers(self, within_s: float = 30.0) -> list[str]:
+        """Workers seen in the last `within_s` seconds."""
+        rows = self._read("SELECT worker_id FROM workers WHERE last_seen >= ? ORDER BY worker_id",
+                          (self.clock() - within_s,))
+        return [r[0] for r in rows]
+
     # -- inspection and admin ------------------------------------------------
 
     def log_path(self, job_id: str) -> Path:
@@ -319,15 +354,21 @@ class JobQueue:
             marks = ", ".join("?" * len(values))
             return conn.execute(f"DELETE FROM jobs WHERE state IN ({marks})", values).rowcount
 
-    def wait(self, job_id: str, timeout_s: float, poll_s: float = 0.05) -> QueueEntry:
-        """Poll until the job is done, failed or dead, and return its entry."""
+    def wait(self, job_id: str, timeout_s: float, poll_s: float = 0.05,
+             on_poll: Callable[[QueueEntry], None] | None = None) -> QueueEntry:
+        """Poll until the job is done, failed or dead, and return its entry (`on_poll` sees each
+        unfinished state, about once a second)."""
         deadline = time.monotonic() + timeout_s  # real time: the injected clock may stand still
+        last_report = 0.0
         while True:
             entry = self.get(job_id)
             if entry is None:
                 raise QueueError(f"job {job_id!r} is not in the queue at {self.path}")
             if entry.state in FINAL_STATES:
                 return entry
+            if on_poll is not None and time.monotonic() - last_report >= 1.0:
+                last_report = time.monotonic()
+                on_poll(entry)
             if time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"job {job_id!r} still {entry.state.value} after {timeout_s:g}s "
