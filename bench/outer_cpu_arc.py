@@ -61,7 +61,8 @@ def main() -> int:
                           "--run-dir", args.out, "--json"], check=False)
     if run.returncode != 0:
         return run.returncode
-    return subprocess.run([sys.executable, "-m", "ait.cli", "report", args.out], check=False).returncode
+    return subprocess.run([sys.executable, "-m", "ait.cli", "report", args.out, "--out", args.out],
+                          check=False).returncode
 
 
 if __name__ == "__main__":

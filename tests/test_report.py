@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -19,7 +22,10 @@ needs_matplotlib = pytest.mark.skipif(not HAVE_MPL, reason="the report's plots n
 from typer.testing import CliRunner
 
 from ait.cli import app
-from ait.report import MetricsError, load_metrics, summarize, write_report
+from ait.report import MetricsError, ReportError, load_metrics, summarize, write_report
+
+if HAVE_MPL:
+    from ait.report.plots import render_plots, style
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -68,22 +74,42 @@ def test_summary_numbers(run_dir) -> None:
 
 
 @needs_matplotlib
-def test_html_report_embeds_plots_and_writes_pngs(run_dir) -> None:
-    path, _ = write_report(run_dir)
-    assert path == run_dir / "report.html"
+def test_html_report_embeds_plots_and_writes_pngs(run_dir, tmp_path) -> None:
+    path, _ = write_report(run_dir, tmp_path / "out" / "report.html")
     html = path.read_text()
     images = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", html)
     names = ["reward", "heldout", "outcomes", "base_models", "hparams", "cost", "staleness"]
     assert len(images) == len(names)
     assert all(base64.b64decode(i).startswith(PNG) for i in images)
     for name in names:
-        png = run_dir / f"report-{name}.png"
+        png = tmp_path / "out" / f"report-{name}.png"
         assert png.read_bytes().startswith(PNG)
         assert base64.b64encode(png.read_bytes()).decode() in images  # the same image, embedded
     for text in ("Reward and its components", "Held-out reward", "Base-model choice", "Cost", "Staleness",
                  "$6.25", "0.100", "0.450", "0.500", "6,000", "4,800", "Qwen/Qwen3-1.7B 60%"):
         assert text in html, text
+    assert "Nothing to plot" not in html
     assert "http://" not in html and "https://" not in html and "<script" not in html  # opens offline
+
+
+@needs_matplotlib
+def test_default_output_is_outside_the_run_dir(run_dir, tmp_path, monkeypatch) -> None:
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    path, _ = write_report(run_dir)
+    assert path == elsewhere / "report-run-1.html" and path.is_file()
+    assert (elsewhere / "report-run-1-reward.png").is_file()
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before  # nothing added to the run
+    # From inside the run, the default would land in it: refused, and still nothing added.
+    monkeypatch.chdir(run_dir)
+    with pytest.raises(ReportError, match="inside"):
+        write_report(".")
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
+    # --out pointing into the run is the one way to write there; a directory gets report-<run>.html.
+    path, _ = write_report(run_dir, run_dir)
+    assert path == run_dir / "report-run-1.html" and path.is_file()
 
 
 @needs_matplotlib
@@ -97,6 +123,110 @@ def test_sparse_rows_still_report(tmp_path) -> None:
     html = path.read_text()
     assert html.count("data:image/png;base64,") == 1  # only the reward plot has data
     assert (tmp_path / "elsewhere" / "r-reward.png").is_file() and not (d / "report.html").exists()
+    assert html.count("Nothing to plot:") == 6
+
+
+@needs_matplotlib
+def test_empty_series_are_not_drawn_and_the_html_says_so(tmp_path) -> None:
+    out = []
+    for r in rows():
+        r = {k: v for k, v in r.items() if not k.startswith("heldout")}  # no held-out evaluation at all
+        r.update(usd=None, post_mean=None)                                # cost and post: null on every step
+        out.append(r)
+    d = tmp_path / "run"
+    write(d, [json.dumps(r) for r in out])
+    path, _ = write_report(d, tmp_path / "r.html")
+    html = path.read_text()
+    assert "Nothing to plot: no held-out evaluation in this run." in html
+    assert "Nothing to plot: no step recorded its cost." in html
+    assert html.count("data:image/png;base64,") == 5
+    assert not (tmp_path / "r-heldout.png").exists() and not (tmp_path / "r-cost.png").exists()
+    # Within a plot, a key with no value on any step gets no line, and the caption names it.
+    outcomes = {p.name: p for p in render_plots(load_metrics(d / "metrics.jsonl"))}["outcomes"]
+    labels = [line.get_label() for line in outcomes.figure.axes[0].get_lines()]
+    assert not any(label.startswith("post") for label in labels) and any("valid" in label for label in labels)
+    assert "Not drawn, no value on any step: post (hidden-eval score)." in html
+    # All zero where zero is the whole story (no cost, no staleness) is a sentence, not a flat chart.
+    for r in out:
+        r.update(usd=0.0, staleness_mean=0.0, staleness_max=0)
+    write(d, [json.dumps(r) for r in out])
+    html = write_report(d, tmp_path / "z.html")[0].read_text()
+    assert "Nothing to plot: every step recorded USD 0.00 (6 steps)" in html
+    assert "Nothing to plot: every group was trained on-policy" in html
+
+
+def many_keys_rows(keys: int = 20, steps: int = 8) -> list[dict]:
+    """A run whose jobs set many job.toml keys: some always, some sometimes, some never."""
+    out = []
+    for step in range(1, steps + 1):
+        use = {f"key_{k:02d}": (1.0 if k < 6 else 0.0 if k >= keys - 4 else ((step + k) % 4) / 3) for k in range(keys)}
+        out.append({"step": step, "reward_mean": 0.1, "hparam_use": use,
+                    "base_model_share": {f"model-{m:02d}": 1 / 12 for m in range(12)}})
+    return out
+
+
+@needs_matplotlib
+def test_hparam_surface_is_a_heatmap_with_one_row_per_key() -> None:
+    rows_ = many_keys_rows()
+    plot = {p.name: p for p in render_plots(rows_)}["hparams"]
+    ax = plot.figure.axes[0]
+    images = ax.get_images()
+    assert len(images) == 1
+    grid = images[0].get_array()
+    ever = [f"key_{k:02d}" for k in range(16)]        # keys 16..19 are never set
+    assert grid.shape == (len(ever), len(rows_))      # one row per key set on some step, one column per step
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert sorted(labels) == ever and len(set(labels)) == len(labels)
+    assert labels[:6] == [f"key_{k:02d}" for k in range(6)]  # always set: on top, by name
+    assert not ax.get_legend() and not plot.figure.legends
+    assert any("key_16, key_17, key_18 and key_19" in n for n in plot.notes)  # never set: named in the note
+    assert ax.get_ylabel() and ax.get_xlabel() == "outer step"
+
+
+def _overlaps(fig) -> list[str]:
+    """Legends (axes' or the figure's) that overlap an axes' drawing area, in display pixels."""
+    renderer = fig.canvas.get_renderer()
+    legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+    bad = []
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        for ax in fig.axes:
+            if box.overlaps(ax.get_window_extent(renderer)):
+                bad.append(f"legend {[t.get_text() for t in legend.get_texts()]} over axes {ax.get_label()!r}")
+    return bad
+
+
+@needs_matplotlib
+def test_legends_lie_outside_the_axes_and_styles_are_distinct(run_dir) -> None:
+    plots = render_plots(load_metrics(run_dir / "metrics.jsonl")) + render_plots(many_keys_rows())
+    with_legend = 0
+    for plot in plots:
+        if plot.figure is None:
+            continue
+        plot.figure.canvas.draw()
+        assert _overlaps(plot.figure) == [], plot.name
+        with_legend += bool(plot.figure.legends)
+        assert plot.figure.axes[0].get_xlabel() == "outer step" and plot.figure.axes[0].get_ylabel(), plot.name
+    assert with_legend >= 5  # reward, outcomes, base models (twice), cost, staleness
+    # Series never share a look: 40 distinct (colour, line style), the first ten colours all different.
+    looks = [(s["color"], s["linestyle"]) for s in map(style, range(40))]
+    assert len(set(looks)) == 40 and len({s["color"] for s in map(style, range(10))}) == 10
+    # Twelve base models, more than the palette's ten colours: still twelve distinct bar looks.
+    bars = {p.name: p for p in plots[-7:]}["base_models"].figure.axes[0].containers
+    assert len({(c.patches[0].get_facecolor(), c.patches[0].get_hatch()) for c in bars}) == 12
+
+
+@needs_matplotlib
+def test_identical_series_are_drawn_once_and_one_step_has_integer_ticks(tmp_path) -> None:
+    rows_ = [{"step": 1, "reward_mean": -0.1, "reward_std": 0.0, "validation": 0.0, "job_quality": 0.0, "speed": 0.0,
+              "staleness_mean": 1.0, "staleness_max": 1}]
+    plots = {p.name: p for p in render_plots(rows_)}
+    labels = [line.get_label() for line in plots["staleness"].figure.axes[0].get_lines()]
+    assert labels == ["mean over groups\n= max over groups"]
+    reward_labels = [line.get_label() for line in plots["reward"].figure.axes[0].get_lines()]
+    assert "validation\n= job quality\n= train speed" in reward_labels
+    ticks = plots["reward"].figure.axes[0].get_xticks()
+    assert list(ticks) == [1.0]  # not 0.945 … 1.050
 
 
 def test_bad_input_is_a_clear_error(tmp_path) -> None:
@@ -119,13 +249,54 @@ def test_bad_input_is_a_clear_error(tmp_path) -> None:
 
 
 @needs_matplotlib
-def test_cli(run_dir, tmp_path) -> None:
+def test_cli(run_dir, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
     runner = CliRunner()
     result = runner.invoke(app, ["report", str(run_dir), "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
-    assert summary["steps"] == 6 and summary["report"] == str(run_dir / "report.html")
+    assert summary["steps"] == 6 and summary["report"] == str(tmp_path / "report-run-1.html")
+    assert not (run_dir / "report.html").exists()
     result = runner.invoke(app, ["report", str(run_dir), "--out", str(tmp_path / "x.html")])
     assert result.exit_code == 0 and "6 steps" in result.stdout and (tmp_path / "x.html").is_file()
-    result = runner.invoke(app, ["report", str(tmp_path / "missing")])
-    assert result.exit_code == 2 and "metrics.jsonl not found" in result.output
+
+
+def ait_report(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ait.cli", "report", *args], capture_output=True, text=True,
+                          cwd=cwd, env={**os.environ, "COLUMNS": "80"}, timeout=120)
+
+
+@needs_matplotlib
+def test_cli_errors_are_one_line_without_a_traceback(run_dir, tmp_path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    (tmp_path / "empty-run").mkdir()
+    write(tmp_path / "no-rows", [])
+    (tmp_path / "episodes-only").mkdir()
+    (tmp_path / "episodes-only" / "episodes.json").write_text("{}")
+    deep = "very-long-directory-name-" * 4
+    cases = {
+        "unwritable --out": ([str(run_dir), "--out", str(a_file / deep / "r.html")], "is a file, not a directory"),
+        "missing run": ([str(tmp_path / "missing")], "does not exist"),
+        "empty run dir": ([str(tmp_path / "empty-run")], "has no metrics.jsonl (it is empty)"),
+        "no metrics": ([str(tmp_path / "episodes-only")], "has no metrics.jsonl (it holds episodes.json)"),
+        "no rows": ([str(tmp_path / "no-rows")], "has no rows yet"),
+        "run dir is cwd": ([str(run_dir)], "inside"),
+    }
+    before = sorted(run_dir.rglob("*"))
+    for name, (args, message) in cases.items():
+        proc = ait_report(*args, cwd=run_dir if name == "run dir is cwd" else tmp_path)
+        assert proc.returncode == 2, (name, proc.returncode, proc.stderr)  # through `fail`, not a crash
+        assert "Traceback" not in proc.stderr and "AIT_DEBUG" not in proc.stderr, (name, proc.stderr)
+        assert proc.stderr.startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1, (name, proc.stderr)
+        assert message in proc.stderr, (name, proc.stderr)
+    assert sorted(run_dir.rglob("*")) == before
+
+
+def test_cli_help_explains_where_it_writes(tmp_path) -> None:
+    proc = ait_report("--help", cwd=tmp_path)
+    text = " ".join(proc.stdout.replace("│", " ").split())
+    assert proc.returncode == 0
+    for phrase in ("--out", "--json", "./report-<run name>.html in the current directory",
+                   "never inside RUN_DIR unless --out points there"):
+        assert phrase in text, phrase

@@ -2,7 +2,8 @@
 
     load_metrics(path)       the rows, checked (one JSON object per outer step)
     summarize(rows)          steps, first / last / best reward, held-out, USD, tokens
-    write_report(run_dir)    report.html (plots embedded as base64 PNGs) and the PNGs beside it
+    write_report(run_dir)    ./report-<run name>.html (plots embedded as base64 PNGs) and the PNGs beside it,
+                             outside the run directory unless `out` points into it
 
 Any key may be missing or null on a row (held-out reward exists only on evaluation steps).
 A line that is not a JSON object is an error naming its line number: the loop writes whole
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,8 @@ METRICS_FILE = "metrics.jsonl"
 
 NUMBER_KEYS = ("step", "time", "seconds", "reward_mean", "reward_std", "validation", "job_quality", "speed",
                "post_mean", "uplift_mean", "valid_rate", "staleness_mean", "staleness_max", "resampled_groups",
-               "timed_out", "policy_tokens", "train_tokens", "loss", "usd", "heldout_reward", "heldout_n")
+               "timed_out", "infra_errors", "policy_tokens", "train_tokens", "loss", "usd", "heldout_reward",
+               "heldout_n")
 """Keys read as numbers (int or float; null = missing)."""
 SHARE_KEYS = ("base_model_share", "hparam_use")
 """Keys read as {name: fraction} (null = missing)."""
@@ -31,6 +34,10 @@ SHARE_KEYS = ("base_model_share", "hparam_use")
 
 class MetricsError(ValueError):
     """metrics.jsonl is missing or has a line that is not a metrics row."""
+
+
+class ReportError(ValueError):
+    """The report cannot be written where it was asked to be (or where it would go by default)."""
 
 
 def metrics_path(run_dir: str | Path) -> Path:
@@ -121,24 +128,71 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "seconds_total": total("seconds"),
         "timed_out": total("timed_out"),
         "resampled_groups": total("resampled_groups"),
+        "infra_errors": total("infra_errors"),
         "base_model_share_last": shares[-1] if shares else None,
     }
 
 
+def default_out(run_dir: str | Path) -> Path:
+    """`./report-<run name>.html` in the current directory: never inside the run directory, so
+    rendering a committed run (docs/outer-*) adds no files to it."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(run_dir).resolve().name).strip("._") or "run"
+    return Path.cwd() / f"report-{name}.html"
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    try:
+        path.resolve().relative_to(directory.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    if not run_dir.exists():
+        raise MetricsError(f"{run_dir} does not exist: pass a run directory written by `ait train`")
+    if not run_dir.is_dir():
+        raise MetricsError(f"{run_dir} is not a directory: pass a run directory written by `ait train`")
+    if not metrics_path(run_dir).is_file():
+        held = sorted(p.name for p in run_dir.iterdir())
+        what = f"it holds {', '.join(held[:5])}{' …' if len(held) > 5 else ''}" if held else "it is empty"
+        raise MetricsError(f"{run_dir} has no {METRICS_FILE} ({what}): pass a run directory written by `ait train`")
+
+
 def write_report(run_dir: str | Path, out: str | Path | None = None,
                  warnings: list[str] | None = None) -> tuple[Path, dict[str, Any]]:
-    """Write the HTML report (default RUN_DIR/report.html) and its PNGs beside it, named
-    `<stem>-<plot>.png`. Returns the HTML path and the summary."""
+    """Write the HTML report and its PNGs beside it, named `<stem>-<plot>.png`; returns the HTML
+    path and the summary. `out` is the HTML file, or a directory to write `report-<run name>.html`
+    into; by default `default_out(run_dir)` (the current directory). The default never writes into
+    the run directory: when the current directory is inside it, that is a ReportError asking for
+    `out`. Raises MetricsError for a missing or empty run, ReportError / OSError when it cannot write."""
     from ait.report.html import render_html
     from ait.report.plots import render_plots
 
     run_dir = Path(run_dir)
+    _check_run_dir(run_dir)
     rows = load_metrics(metrics_path(run_dir), warnings)
+    if not rows:
+        raise MetricsError(f"{metrics_path(run_dir)} has no rows yet (the run has not finished a step)")
+    if out is None:
+        out = default_out(run_dir)
+        if _inside(out, run_dir):
+            raise ReportError(f"the current directory is inside {run_dir.resolve()}, and by default the report is "
+                              f"not written into the run: run it from elsewhere or pass --out FILE")
+    out = Path(out)
+    if out.is_dir():
+        out = out / default_out(run_dir).name
+    existing = next((p for p in out.parents if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ReportError(f"cannot write {out}: {existing} is a file, not a directory")
     summary = summarize(rows)
-    out = Path(out) if out else run_dir / "report.html"
-    out.parent.mkdir(parents=True, exist_ok=True)
     plots = render_plots(rows)
-    for plot in plots:
-        (out.parent / f"{out.stem}-{plot.name}.png").write_bytes(plot.png)
-    out.write_text(render_html(run_dir, rows, summary, plots, warnings or []), encoding="utf-8")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        for plot in plots:
+            if plot.png is not None:
+                (out.parent / f"{out.stem}-{plot.name}.png").write_bytes(plot.png)
+        out.write_text(render_html(run_dir, rows, summary, plots, warnings or []), encoding="utf-8")
+    except OSError as e:
+        raise ReportError(f"cannot write {out}: {e.strerror or e}") from None
     return out, summary

@@ -21,6 +21,7 @@ th, td { padding: 0.2rem 0.7rem; border-bottom: 1px solid #ddd; text-align: righ
 th:first-child, td:first-child { text-align: left; }
 figure { margin: 1.5rem 0; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { color: #555; font-size: 0.9rem; }
+p.nothing { color: #666; font-style: italic; margin: 0.4rem 0 1.2rem; }
 details table { font-size: 0.8rem; }
 """
 
@@ -37,7 +38,7 @@ def fmt(value: Any, key: str = "") -> str:
     if key.startswith("usd"):
         return f"${value:,.2f}"
     if key.endswith("tokens") or key in ("steps", "step", "first_step", "last_step", "reward_best_step",
-                                         "heldout_evals", "timed_out", "resampled_groups"):
+                                         "heldout_evals", "timed_out", "resampled_groups", "infra_errors"):
         return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
     if key.startswith("seconds"):
         return f"{value / 3600:.2f} h" if value >= 3600 else f"{value:,.0f} s"
@@ -50,28 +51,33 @@ SUMMARY_ROWS = [("steps", "outer steps"), ("reward_first", "reward, first step")
                 ("usd_total", "total USD"), ("policy_tokens", "agent tokens sampled"),
                 ("train_tokens", "tokens trained on"), ("seconds_total", "wall time"),
                 ("timed_out", "episodes timed out"), ("resampled_groups", "groups re-sampled (too stale)"),
+                ("infra_errors", "episodes lost to infra errors"),
                 ("base_model_share_last", "base models, last step")]
 
 
 def render_html(run_dir: Path, rows: list[dict[str, Any]], summary: dict[str, Any], plots: list[Plot],
                 warnings: list[str]) -> str:
     name = escape(Path(run_dir).resolve().name)
+    steps = f"{summary['steps']} step{'' if summary['steps'] == 1 else 's'}"
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>ait report: {name}</title>",
              f"<style>{STYLE}</style></head><body>",
              f"<h1>Outer-loop run <code>{name}</code></h1>",
-             (f"<p class='muted'>{escape(str(run_dir))} · {summary['steps']} steps · report written "
+             (f"<p class='muted'>{escape(str(run_dir))} · {steps} · report written "
               f"{time.strftime('%Y-%m-%d %H:%M', time.localtime())}</p>")]
     parts += [f"<p class='warn'>{escape(w)}</p>" for w in warnings]
     parts.append("<h2>Summary</h2><table>")
     parts += [f"<tr><td>{escape(label)}</td><td>{escape(fmt(summary.get(key), key))}</td></tr>"
               for key, label in SUMMARY_ROWS]
     parts.append("</table>")
-    if not plots:
-        parts.append("<p class='muted'>No plottable values in metrics.jsonl yet.</p>")
     for plot in plots:
+        parts.append(f"<h2>{escape(plot.title)}</h2>")
+        if plot.png is None:
+            parts.append(f"<p class='nothing'>Nothing to plot: {escape(plot.empty)}.</p>")
+            continue
         data = base64.b64encode(plot.png).decode("ascii")
-        parts.append(f"<h2>{escape(plot.title)}</h2><figure><img alt='{escape(plot.title)}' "
-                     f"src='data:image/png;base64,{data}'><figcaption>{escape(plot.caption)}</figcaption></figure>")
+        caption = " ".join([plot.caption, *plot.notes])
+        parts.append(f"<figure><img alt='{escape(plot.title)}' src='data:image/png;base64,{data}'>"
+                     f"<figcaption>{escape(caption)}</figcaption></figure>")
     parts.append("<h2>Per step</h2><details><summary>every row of metrics.jsonl</summary><table><tr>")
     parts += [f"<th>{escape(c)}</th>" for c in STEP_COLUMNS]
     parts.append("</tr>")
