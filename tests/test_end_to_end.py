@@ -186,7 +186,7 @@ def test_failure_classification_comes_from_observations_not_from_the_log():
 
 def test_episode_through_the_queue_and_a_worker_process(tmp_path, spec):
     queue_path = tmp_path / "queue.sqlite"
-    worker = subprocess.Popen([sys.executable, "-m", "ait.cli", "worker", "--queue", str(queue_path),
+    worker = subprocess.Popen([sys.executable, "-m", "ait.cli", "worker", "--queue", str(queue_path), "--create",
                                "--idle-exit", "120"], cwd=tmp_path, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     try:

@@ -277,12 +277,12 @@ def test_cli_prints_tokens_and_dollars(server: ChatServer, monkeypatch, tmp_path
     for _ in range(3):  # the first reply and two nudged ones
         server.reply(completion(content="I give up.", use=usage(1234, 56, cost=0.0125)))
     out = CliRunner().invoke(app, [*args, "--json"])
-    assert out.exit_code == 0, out.output
+    assert out.exit_code == 1, out.output  # the agent produced no job: exit 1 (the JSON is still printed)
     data = json.loads(out.stdout)
     assert data["stop_reason"] == "no_submission"
     assert data["cost"]["prompt_tokens"] == 3 * 1234 and data["cost"]["total_usd"] == pytest.approx(0.0375)
 
     server.reply(completion(content="Still nothing.", use=usage(2000, 10, cost=0.5)))
     text = CliRunner().invoke(app, [*args, "--budget-usd", "0.25"])
-    assert text.exit_code == 0, text.output
+    assert text.exit_code == 1, text.output  # stopped by the budget before any job
     assert "2,000 prompt" in text.stdout and "$0.5000" in text.stdout and "budget" in text.stdout

@@ -173,7 +173,7 @@ def test_without_ray_installed_ait_works_and_asks_for_the_extra(tmp_path):
         "except RuntimeError as e:\n"
         "    print(e)\n"
         "from typer.testing import CliRunner\n"
-        "out = CliRunner().invoke(ait.cli.app, ['worker', '--executor', 'ray', '--queue', sys.argv[1]])\n"
+        "out = CliRunner().invoke(ait.cli.app, ['worker', '--executor', 'ray', '--create', '--queue', sys.argv[1]])\n"
         "print(out.exit_code, ' '.join(out.output.split()))\n"
     )
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "q.sqlite")], capture_output=True, text=True, check=False,

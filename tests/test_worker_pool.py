@@ -235,8 +235,10 @@ def test_training_process_killed_from_outside_is_a_failed_result_with_a_reason(t
               config=load_job_config(ws / "job.toml", load_spec(task).constraints), time_budget_s=300, eval_size=8)
     queue = JobQueue(tmp_path / "q.sqlite")
     queue.enqueue(job)
+    # A host whose GPU 3 is visible (faked: CUDA_VISIBLE_DEVICES; the job runs on the CPU regardless).
     worker = subprocess.Popen([sys.executable, "-m", "ait.cli", "worker", "--queue", str(queue.path), "--gpus", "3",
                                "--idle-exit", "60", "--poll", "0.05"], cwd=tmp_path,
+                              env={**os.environ, "CUDA_VISIBLE_DEVICES": "3"},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         train = _descendant(worker.pid, "ait.train.main")

@@ -1,0 +1,131 @@
+"""Ctrl-C (a real SIGINT) during each stage of `ait episode`: the probe, training, the eval, a queue
+wait. Each time: exit 130 with a message naming the run dir, an episode.json with stop reason
+`interrupted`, the job's seconds in the ledger, nothing of the run left running, a queued job
+cancelled (no later worker trains it into the abandoned run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ait.sandbox.detect import cached_capabilities
+
+pytestmark = pytest.mark.skipif(not cached_capabilities().isolating, reason="needs the sandbox")
+
+
+class Episode:
+    """`ait episode` in a subprocess, its piped progress lines collected as they come."""
+
+    def __init__(self, tmp_path: Path, *extra: str):
+        self.runs = tmp_path / "runs"
+        self.proc = subprocess.Popen([sys.executable, "-m", "ait.cli", "episode", "--runs-dir", str(self.runs),
+                                      *extra], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+        self.lines: list[str] = []
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True).start()
+
+    def wait_for(self, test, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not test():
+            assert self.proc.poll() is None, f"ended before the stage: {self.lines}"
+            assert time.monotonic() < deadline, f"stage never reached: {self.lines}"
+            time.sleep(0.05)
+
+    def run_dirs(self) -> list[Path]:
+        return [p for p in self.runs.iterdir() if p.is_dir()] if self.runs.is_dir() else []
+
+    def saw(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
+
+    def interrupt(self) -> tuple[int, str, Path]:
+        self.proc.send_signal(signal.SIGINT)
+        code = self.proc.wait(timeout=60)
+        time.sleep(0.2)  # the reader thread takes the last lines
+        (run_dir,) = [p for p in self.runs.iterdir() if p.is_dir()]
+        return code, "\n".join(self.lines), run_dir
+
+
+def run_dir_processes(run_dir: Path) -> list[str]:
+    """Processes whose command line or working directory is inside the run directory."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
+            cwd = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if str(run_dir) in cmd or cwd.startswith(str(run_dir)):
+            found.append(f"{proc.name}: {cmd[:120]}")
+    return found
+
+
+def assert_recorded(code: int, stderr: str, run_dir: Path, job_ran: bool) -> dict:
+    assert code == 130, stderr
+    assert "interrupted" in stderr and str(run_dir) in stderr and "Traceback" not in stderr, stderr
+    episode = json.loads((run_dir / "episode.json").read_text())
+    assert episode["stop_reason"] == "interrupted"
+    if job_ran:
+        assert episode["jobs"] and episode["jobs"][0]["result"]["fail_reason"] == "killed"
+        ledger = [json.loads(line) for line in (run_dir.parent / "costs.jsonl").read_text().splitlines()]
+        jobs = [e for e in ledger if e.get("kind") == "job" and e.get("run_id") == run_dir.name]
+        assert jobs and jobs[0]["wall_s"] > 0, ledger
+    deadline = time.monotonic() + 10
+    while (left := run_dir_processes(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, left
+    return episode
+
+
+def test_ctrl_c_during_the_probe(tmp_path):
+    ep = Episode(tmp_path)
+    ep.wait_for(lambda: ep.saw("probing submission 1"))
+    time.sleep(0.5)
+    code, stderr, run_dir = ep.interrupt()
+    episode = assert_recorded(code, stderr, run_dir, job_ran=False)
+    assert episode["jobs"] == []
+
+
+def test_ctrl_c_during_training(tmp_path):
+    ep = Episode(tmp_path)
+    ep.wait_for(lambda: ep.saw("training and evaluating"))
+    ep.wait_for(lambda: any((d / "logs" / "train.log").exists() for d in ep.run_dirs()))
+    code, stderr, run_dir = ep.interrupt()
+    assert not (run_dir / "job" / "train_output.json").exists()  # cut short, not finished
+    assert_recorded(code, stderr, run_dir, job_ran=True)
+
+
+def test_ctrl_c_during_the_eval(tmp_path):
+    ep = Episode(tmp_path, "--eval-size", "4000")  # a long post-training eval to land in
+    ep.wait_for(lambda: any((d / "job" / "train_output.json").exists() for d in ep.run_dirs()), timeout=240)
+    code, stderr, run_dir = ep.interrupt()
+    assert not (run_dir / "eval" / "eval.json").exists()  # the eval never finished
+    assert_recorded(code, stderr, run_dir, job_ran=True)
+
+
+def test_ctrl_c_while_waiting_on_the_queue_cancels_the_job(tmp_path):
+    from ait.queue import JobQueue, JobState
+
+    queue = tmp_path / "q.sqlite"
+    ep = Episode(tmp_path, "--executor", "queue", "--config", str(write_config(tmp_path, queue)))
+    ep.wait_for(lambda: ep.saw("no worker is serving it"))
+    code, stderr, run_dir = ep.interrupt()
+    assert_recorded(code, stderr, run_dir, job_ran=True)
+    (entry,) = JobQueue(queue).list()
+    assert entry.state is JobState.dead and "cancelled" in entry.error
+    assert JobQueue(queue).claim("a-later-worker") is None  # nobody trains it into the abandoned run
+
+
+def write_config(tmp_path: Path, queue: Path) -> Path:
+    path = tmp_path / "episode.toml"
+    path.write_text(f'queue_path = "{queue}"\n')
+    return path
