@@ -8,7 +8,7 @@ import typer
 
 from ait.sandbox import UNSAFE_ENV
 
-from ait.cli import baselines, doctor, episode, job, queue, report, tasks, train, worker
+from ait.cli import baselines, doctor, episode, eval as eval_cli, job, queue, report, tasks, train, worker
 
 app = typer.Typer(help="ait — AI Trains AI: an agent writes an RL job; it is scored by the trained model's uplift.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
@@ -28,6 +28,8 @@ app.add_typer(job.app, name="job")
 app.add_typer(baselines.app, name="baselines")
 app.add_typer(queue.app, name="queue")
 app.command()(episode.episode)
+app.command("eval", help=eval_cli.HELP, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+    eval_cli.eval_command)
 app.command()(worker.worker)
 app.command()(doctor.doctor)
 app.command()(train.train)

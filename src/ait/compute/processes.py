@@ -45,3 +45,10 @@ def forget(job_id: str) -> None:
 def running(job_id: str) -> set[int]:
     with _lock:
         return set(_groups.get(job_id, ()))
+
+
+def kill_all() -> int:
+    """Kill every tracked job (an eval interrupted with episodes in flight)."""
+    with _lock:
+        jobs = list(_groups)
+    return sum(kill(job_id) for job_id in jobs)

@@ -1,0 +1,44 @@
+"""Means with two standard errors, per task and overall, from episode rows."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from ait.agent_eval.types import EpisodeRow, Stat, Summary
+
+
+def stat(values: list[float]) -> Stat:
+    """Mean and 2 standard errors (sample standard deviation / sqrt(n)); no error bar below n = 2."""
+    n = len(values)
+    if n == 0:
+        return Stat(mean=None, se2=None, n=0)
+    mean = sum(values) / n
+    if n < 2:
+        return Stat(mean=mean, se2=None, n=1)
+    var = sum((v - mean) ** 2 for v in values) / (n - 1)
+    return Stat(mean=mean, se2=2 * math.sqrt(var / n), n=n)
+
+
+def summarize(rows: list[EpisodeRow]) -> Summary:
+    scored = [r for r in rows if not r.infra_error]
+    ran = [r for r in scored if r.job_ran]
+    models = [r.base_model for r in ran if r.base_model]
+    return Summary(
+        episodes=len(rows), infra_errors=len(rows) - len(scored),
+        reward=stat([r.reward for r in scored]), validation=stat([r.validation for r in scored]),
+        job_quality=stat([r.job_quality for r in scored]), uplift_term=stat([r.uplift_term for r in scored]),
+        train_speed=stat([r.train_speed for r in scored]), valid_rate=stat([float(r.valid) for r in scored]),
+        job_failure_rate=stat([float(r.job_failed) for r in ran]),
+        base_models={m: c / len(models) for m, c in sorted(Counter(models).items())},
+        stop_reasons=dict(sorted(Counter(r.stop_reason for r in rows).items())),
+        prompt_tokens=sum(r.prompt_tokens for r in rows), completion_tokens=sum(r.completion_tokens for r in rows),
+        usd=sum(r.usd for r in rows), wall_s=stat([r.wall_s for r in rows]))
+
+
+def difference(a: Stat, b: Stat) -> tuple[float | None, float | None]:
+    """(b − a, its two standard errors), treating the two samples as independent."""
+    if a.mean is None or b.mean is None:
+        return None, None
+    noise = math.sqrt(a.se2 ** 2 + b.se2 ** 2) if a.se2 is not None and b.se2 is not None else None
+    return b.mean - a.mean, noise

@@ -1,0 +1,159 @@
+"""`ait eval`: N episodes per task, means with error bars checked against the run directories, a
+scripted agent on loopback whose episodes end every way (valid, invalid, timed out), a resume
+after SIGKILL that runs only what was unfinished, and `ait eval compare`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ait.agent_eval.stats import stat
+from ait.sandbox.detect import cached_capabilities
+
+pytestmark = pytest.mark.skipif(not cached_capabilities().isolating, reason="needs the sandbox")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def ait(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ait.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def episodes_of(out: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted((out / "runs").glob("*/episode.json"))}
+
+
+def test_reference_eval_over_two_tasks_matches_its_run_dirs(tmp_path):
+    out = tmp_path / "eval"
+    proc = ait("eval", "--policy", "reference", "--tasks", "calc_chain_fast", "dispatch", "--episodes", "2",
+               "--concurrency", "2", "--eval-size", "8", "--out", str(out), "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(proc.stdout)
+    runs = episodes_of(out)
+    assert sorted(runs) == ["calc_chain_fast-000", "calc_chain_fast-001", "dispatch-000", "dispatch-001"]
+    for task in ("calc_chain_fast", "dispatch"):
+        rewards = [e["reward"]["total"] for name, e in runs.items() if name.startswith(task + "-")]
+        summary = results["per_task"][task]
+        expected = stat(rewards)
+        assert summary["reward"]["n"] == 2 and summary["reward"]["mean"] == pytest.approx(expected.mean)
+        assert summary["reward"]["se2"] == pytest.approx(expected.se2)
+        assert summary["valid_rate"]["mean"] == 1.0 and summary["stop_reasons"] == {"job_done": 2}
+    assert results["overall"]["episodes"] == 4 and results["stopped"] is None
+    assert (out / "report.html").stat().st_size > 10_000 and (out / "results.json").exists()
+
+
+class ScriptedAgent:
+    """An OpenAI-compatible server that plays episode k by script k: a valid job, three invalid
+    submissions, or replies too slow for the episode's time limit. A new episode is a request
+    that holds only the two opening messages."""
+
+    def __init__(self):
+        from test_openai_policy import ChatServer, completion
+
+        from ait.policy.reference import reference_job
+
+        self.server, self.completion = ChatServer(), completion
+        self.job = reference_job("calc_chain")
+        self.episode, self.turn = -1, 0
+        agent = self
+
+        class Replies(list):
+            """The server's script, computed from the request it just received."""
+
+            def __bool__(self) -> bool:
+                return True
+
+            def pop(self, index: int = -1) -> dict:
+                return agent.next_reply(agent.server.requests[-1]["body"]["messages"])
+
+        self.server.script = Replies()
+        self.url = self.server.url
+
+    def next_reply(self, messages: list[dict]) -> dict:
+        if len(messages) == 2:
+            self.episode, self.turn = self.episode + 1, 0
+        self.turn += 1
+        c = self.completion
+        if self.episode == 0:  # a valid job at the first attempt
+            plan = [[("write_file", {"path": "job.toml", "content": self.job["job.toml"]}),
+                     ("write_file", {"path": "env.py", "content": self.job["env.py"]})], [("submit_job", {})]]
+        elif self.episode == 1:  # never valid: the template as it is, submitted three times
+            plan = [[("submit_job", {})]] * 3
+        else:  # too slow: two replies take longer than the episode may
+            return {"body": c([], content="thinking...", turn=self.turn), "delay": 25.0}
+        if self.turn <= len(plan):
+            return {"body": c(plan[self.turn - 1], turn=self.turn)}
+        return {"body": c([], content="done", turn=self.turn)}
+
+
+def test_a_scripted_agent_on_loopback_every_way_an_episode_ends(tmp_path):
+    agent = ScriptedAgent()
+    try:
+        out = tmp_path / "eval"
+        proc = ait("eval", "--policy", "openai:scripted", "--base-url", agent.url, "--tasks", "calc_chain_fast",
+                   "--episodes", "3", "--eval-size", "8", "--episode-timeout", "45", "--max-turns", "12",
+                   "--out", str(out), "--json", cwd=tmp_path)
+    finally:
+        agent.server.httpd.shutdown()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(proc.stdout)
+    runs = episodes_of(out)
+    stops = [runs[f"calc_chain_fast-00{i}"]["stop_reason"] for i in range(3)]
+    assert stops == ["job_done", "attempts_exhausted", "timeout"], stops
+    summary = results["per_task"]["calc_chain_fast"]
+    assert summary["valid_rate"]["mean"] == pytest.approx(1 / 3)
+    assert summary["stop_reasons"] == {"attempts_exhausted": 1, "job_done": 1, "timeout": 1}
+    assert summary["reward"]["mean"] == pytest.approx(sum(e["reward"]["total"] for e in runs.values()) / 3)
+
+
+def test_a_killed_eval_resumes_without_rerunning_finished_episodes(tmp_path):
+    out = tmp_path / "eval"
+    proc = subprocess.Popen([sys.executable, "-m", "ait.cli", "eval", "--policy", "reference", "--tasks",
+                             "calc_chain_fast", "--episodes", "3", "--eval-size", "8", "--out", str(out)],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not episodes_of(out) and time.monotonic() < deadline:
+        assert proc.poll() is None, "the eval ended before it could be killed"
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    first = episodes_of(out)
+    assert 1 <= len(first) < 3
+    stamps = {name: (out / "runs" / name / "episode.json").stat().st_mtime_ns for name in first}
+    resumed = ait("eval", "--resume", str(out), "--json", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming: " in resumed.stderr
+    after = episodes_of(out)
+    assert sorted(after) == ["calc_chain_fast-000", "calc_chain_fast-001", "calc_chain_fast-002"]
+    for name, stamp in stamps.items():  # finished episodes were not run again
+        assert (out / "runs" / name / "episode.json").stat().st_mtime_ns == stamp
+    assert json.loads(resumed.stdout)["overall"]["episodes"] == 3
+
+
+def test_compare_states_differences_with_noise(tmp_path):
+    from ait.agent_eval.compare import compare
+    from ait.agent_eval.stats import summarize
+    from ait.agent_eval.types import EpisodeRow, EvalPlan, EvalResults
+
+    def results(rewards: list[float]) -> EvalResults:
+        rows = [EpisodeRow(task_id="t", run_id=f"t-{i}", stop_reason="job_done", infra_error=False, reward=r,
+                           validation=1.0, job_quality=r, uplift_term=r, train_speed=0.5, valid=True, job_ran=True,
+                           job_failed=False, base_model="tiny") for i, r in enumerate(rewards)]
+        return EvalResults(plan=EvalPlan(policy="p", tasks=["t"], episodes=len(rows)), per_task={"t": summarize(rows)},
+                           overall=summarize(rows), episodes=rows, planned=len(rows))
+
+    low, high, noisy = results([0.1, 0.12, 0.11, 0.09]), results([0.5, 0.52, 0.49, 0.51]), results([0.0, 1.0, 0.0, 1.0])
+    verdicts = {(d.task, d.key): d.verdict for d in compare(low, high)}
+    assert verdicts[("t", "reward")] == "b better" and verdicts[("t", "validation")] == "within noise"
+    assert {d.verdict for d in compare(high, low) if d.key == "reward"} == {"a better"}
+    assert {d.verdict for d in compare(low, noisy) if d.key == "reward"} == {"within noise"}
+    for d in compare(low, high):
+        if d.key == "reward":
+            assert d.delta == pytest.approx(0.505 - 0.105) and d.noise is not None and d.noise > 0
