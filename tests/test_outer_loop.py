@@ -121,7 +121,10 @@ def test_two_steps_then_resume(tmp_path: Path) -> None:
     assert len(episodes) == 16 and all(not e["task_id"].startswith("triage") for e in episodes)
     rewards = [e["reward"]["total"] for e in episodes]
     assert sum(r["reward_mean"] * r["episodes"] for r in first) == pytest.approx(sum(rewards))
-    assert len(list((run / "heldout").glob("*/episode.json"))) == 1
+    # The held-out evaluation went through the agent benchmark's runner: its layout and results.json.
+    assert len(list((run / "heldout").glob("step-*/runs/*/episode.json"))) == 1
+    (held,) = (run / "heldout").glob("step-*/results.json")
+    assert json.loads(held.read_text())["overall"]["episodes"] == 1
     # The rewards are the harness's: a parseable submission the probe rejects (0.0) or none (-0.1).
     assert set(rewards) == {0.0, -0.1}
     for e in episodes:

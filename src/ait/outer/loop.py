@@ -19,7 +19,7 @@ Run directory:
     RUN_DIR/checkpoints/step_N ait.outer.checkpoint
     RUN_DIR/episodes/<id>/     every training episode's run directory (ait.runs)
     RUN_DIR/costs.jsonl        the spend ledger of every episode of the run (unless [episode] ledger_path)
-    RUN_DIR/heldout/<id>/      every held-out episode's
+    RUN_DIR/heldout/step-N/    each held-out evaluation (ait.agent_eval): runs/<task>-<i>/, results.json
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import json
 import random
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -248,20 +247,35 @@ def with_warm_start(config: OuterConfig, task_paths: list[Path]) -> OuterConfig:
 
 
 def evaluate_heldout(run: Run, step: int) -> list[Episode]:
-    """heldout_episodes episodes spread over the held-out tasks, at heldout_temperature, with the policy
-    after this step's update (beside the training episodes, on threads of their own)."""
+    """The held-out evaluation, through the agent benchmark's runner (ait.agent_eval: one way to
+    score an agent on a set of tasks): heldout_episodes episodes spread over the held-out tasks
+    (rounded up to a whole number per task), at heldout_temperature, with the policy after this
+    step's update, on threads of their own. RUN_DIR/heldout/step-N/ holds its plan, its episodes'
+    run directories and results.json (means with two standard errors)."""
+    import math
+
+    from ait.agent_eval.runner import run_eval
+    from ait.agent_eval.types import EvalPlan
+
     config = run.config
     specs = [(load_spec(p), p) for p in run.heldout_paths]
-    n = config.heldout_episodes
-    with ThreadPoolExecutor(max_workers=min(config.concurrency, n), thread_name_prefix="ait-heldout") as pool:
-        futures = []
-        for i in range(n):
-            spec, path = specs[i % len(specs)]
-            seed = (config.seed * 7_919 + step * 101 + i) % 2**63
-            futures.append(pool.submit(play, run.backend, spec, path, run.episode_config, run.dir / "heldout",
-                                       f"s{step:05d}-{i}-{spec.id}", seed, run.sampler.stopping,
-                                       config.heldout_temperature))
-        return [f.result() for f in futures]
+    per_task = math.ceil(config.heldout_episodes / len(specs))
+    plan = EvalPlan(policy=f"outer policy after step {step}", tasks=[str(p) for _, p in specs], episodes=per_task,
+                    concurrency=min(config.concurrency, per_task * len(specs)),
+                    executor=run.episode_config.executor, temperature=config.heldout_temperature,
+                    max_turns=run.episode_config.max_turns, episode_timeout_s=run.episode_config.timeout_s)
+    played: list[Episode] = []
+
+    def play_one(spec, path, runs, run_id) -> Any:
+        index = int(run_id.rsplit("-", 1)[1]) + per_task * [s.id for s, _ in specs].index(spec.id)
+        seed = (config.seed * 7_919 + step * 101 + index) % 2**63
+        episode = play(run.backend, spec, path, run.episode_config, runs, run_id, seed, run.sampler.stopping,
+                       config.heldout_temperature)
+        played.append(episode)
+        return episode.result
+
+    run_eval(plan, specs, run.dir / "heldout" / f"step-{step:05d}", play_one)
+    return played
 
 
 def load_run_config(run_dir: Path) -> OuterConfig:

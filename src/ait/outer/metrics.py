@@ -52,6 +52,7 @@ KEYS: dict[str, str] = {
 HELDOUT_KEYS: dict[str, str] = {
     "heldout_reward": "mean reward of the held-out (triage) episodes, policy after this step's update",
     "heldout_n": "held-out episodes run",
+    "heldout_reward_se2": "two standard errors of heldout_reward (null below two episodes)",
 }
 
 
@@ -155,8 +156,10 @@ def step_metrics(step: int, groups: list[SampledGroup], stats: StepStats, *, ver
         "usd_total": usd_total,
     }
     if heldout is not None:
-        row["heldout_reward"] = mean([e.trajectory.reward for e in heldout])
-        row["heldout_n"] = len(heldout)
+        from ait.agent_eval.stats import stat
+
+        held = stat([e.trajectory.reward for e in heldout])
+        row["heldout_reward"], row["heldout_reward_se2"], row["heldout_n"] = held.mean, held.se2, len(heldout)
     row.update({f"trainer/{k}": v for k, v in stats.extra.items()})
     return row
 
