@@ -157,3 +157,23 @@ def test_compare_states_differences_with_noise(tmp_path):
     for d in compare(low, high):
         if d.key == "reward":
             assert d.delta == pytest.approx(0.505 - 0.105) and d.noise is not None and d.noise > 0
+
+
+def test_a_local_model_is_loaded_once_and_shared_by_concurrent_episodes(monkeypatch):
+    """Loading from several threads at once races on torch's default dtype (seen on an H200)."""
+    from ait.agent_eval.types import EvalPlan
+    from ait.cli import eval as eval_cli
+    from ait.policy import hf_policy
+
+    loads = []
+    real = hf_policy.HFPolicy.__init__
+
+    def counting(self, model, **kwargs):
+        if kwargs.get("loaded") is None:
+            loads.append(model)
+        real(self, model, **kwargs)
+
+    monkeypatch.setattr(hf_policy.HFPolicy, "__init__", counting)
+    new = eval_cli.policy_factory(EvalPlan(policy="hf:tiny", tasks=["calc_chain_fast"], episodes=4, concurrency=4))
+    policies = [new() for _ in range(4)]
+    assert loads == ["tiny"] and len({id(p.model) for p in policies}) == 1

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FIGURE = re.compile(r"(?:±)?\d[\d,.]*\s?(?:s|ms|x|%|minutes)\b")
 CITED = re.compile(r"[\w./*-]+\.(?:json|jsonl|log|csv|txt|png)\b")
 # Paths the docs name that are made at run time, or stand for a user's own file.
-RUNTIME = ("AIT_HOME/", "runs/", "/root/", "EPISODE.", "NAME.", "/N/")
+RUNTIME = ("AIT_HOME/", "runs/", "/root/", "EPISODE.", "NAME.", "/N/", "OUT/")
 
 
 def test_every_readme_figure_is_listed_with_its_source():

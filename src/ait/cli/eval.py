@@ -101,6 +101,23 @@ def eval_command(ctx: typer.Context,
     run_plan(plan, out, as_json)
 
 
+def policy_factory(plan):
+    """A fresh policy per episode. A local model (hf:) is loaded once, here, and shared by every
+    episode's policy: loading it from several threads at once races on torch's process-wide default
+    dtype (seen on an H200: bf16 and fp32 weights mixed in one model, "mat1 and mat2 must have the
+    same dtype"), and one copy of the weights serves every episode's generate calls."""
+    from ait.policy.base import make_policy
+
+    first = make_policy(plan.policy, base_url=plan.base_url, temperature=plan.temperature)
+    if plan.policy.startswith("hf:"):
+        from ait.policy.hf_policy import HFPolicy
+
+        name, loaded = plan.policy.split(":", 1)[1], (first.model, first.tokenizer)
+        return lambda: HFPolicy(name, loaded=loaded, temperature=first.temperature,
+                                max_new_tokens=first.max_new_tokens)
+    return lambda: make_policy(plan.policy, base_url=plan.base_url, temperature=plan.temperature)
+
+
 def load_plan(out: Path):
     from pydantic import ValidationError
 
@@ -120,12 +137,11 @@ def run_plan(plan, out: Path, as_json: bool) -> None:
     from ait.cli.episode import progress_reporter, writable_dir
     from ait.harness.episode import run_episode
     from ait.harness.types import EpisodeConfig
-    from ait.policy.base import make_policy
     from ait.sandbox import SandboxUnavailable, require_isolation
 
     specs = [load_task(t) for t in plan.tasks]
     try:
-        make_policy(plan.policy, base_url=plan.base_url, temperature=plan.temperature)  # fail now, not per episode
+        new_policy = policy_factory(plan)  # fails now, not once per episode
         require_isolation()
     except (ValueError, SandboxUnavailable) as e:
         fail(str(e))
@@ -143,8 +159,7 @@ def run_plan(plan, out: Path, as_json: bool) -> None:
     stopping = threading.Event()
 
     def play(spec, path, runs, run_id):
-        policy = Stoppable(make_policy(plan.policy, base_url=plan.base_url, temperature=plan.temperature), stopping)
-        return run_episode(spec, path, policy, config, runs_dir=runs, run_id=run_id)
+        return run_episode(spec, path, Stoppable(new_policy(), stopping), config, runs_dir=runs, run_id=run_id)
 
     try:
         with progress_reporter(f"eval of {plan.policy}: {len(specs)} task(s) x {plan.episodes}",
