@@ -28,24 +28,65 @@ from ait.spec import load_spec
 KEY_VARS = ("OPENAI_API_KEY", "OPENROUTER_API_KEY", "AIT_API_KEY", "OPENAI_BASE_URL")
 
 
+# What llama-cpp-python 0.3.36's server answers (HTTP 500) to an assistant message with `"content": null`: pydantic's
+# errors for every branch of the message union (the `ctx` entries left out), the one that matters third.
+_CALL = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "a", "type": "function", "function": {"name": "list_files", "arguments": "{}"}}]}
+_ERRORS = [("literal_error", "System", "role", "Input should be 'system'", "assistant"),
+           ("literal_error", "User", "role", "Input should be 'user'", "assistant"),
+           ("string_type", "Assistant", "content", "Input should be a valid string", None),
+           ("literal_error", "Tool", "role", "Input should be 'tool'", "assistant"),
+           ("missing", "Tool", "tool_call_id", "Field required", _CALL),
+           ("literal_error", "Function", "role", "Input should be 'function'", "assistant"),
+           ("missing", "Function", "name", "Field required", _CALL)]
+LLAMA_CPP_NULL_CONTENT = {"error": {"message": "\n".join(
+    ["7 validation errors:"]
+    + [f"  {dict(type=t, loc=('body', 'messages', 1, f'ChatCompletionRequest{b}Message', f), msg=m, input=i)}"
+       for t, b, f, m, i in _ERRORS]
+    + ["", '  File "/venv/lib/python3.11/site-packages/llama_cpp/server/app.py", line 376, in create_chat_completion',
+       "    POST /v1/chat/completions"]), "type": "internal_server_error", "param": None, "code": None}}
+
+
 class ChatServer:
-    """Speaks POST /v1/chat/completions; each request takes the next scripted reply."""
+    """Speaks POST /v1/chat/completions; each request takes the next scripted reply (a dict is sent as
+    JSON, a str as text). GET .../models lists `models` (404 when None). With `strict_content`, a
+    message whose content is not a string is answered 500, as llama-cpp-python's server does."""
 
     def __init__(self) -> None:
         self.script: list[dict[str, Any]] = []
         self.requests: list[dict[str, Any]] = []
+        self.models: list[str] | None = None
+        self.models_path = "/v1/models"
+        self.strict_content = False
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
+                if server.strict_content and any(not isinstance(m.get("content"), str) for m in body["messages"]):
+                    self.send({"body": LLAMA_CPP_NULL_CONTENT, "status": 500})
+                    return
                 reply = server.script.pop(0) if server.script else {"status": 400, "body": {"error": "script done"}}
                 time.sleep(reply.get("delay", 0))
-                data = json.dumps(reply["body"]).encode()
+                self.send(reply)
+
+            def do_GET(self) -> None:
+                server.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": None})
+                if server.models is None or self.path != server.models_path:
+                    self.send({"status": 404, "body": {"detail": "Not Found"}})
+                elif self.headers.get("Authorization") == "Bearer wrong":
+                    self.send({"status": 401, "body": {"error": {"message": "Incorrect API key provided"}}})
+                else:
+                    self.send({"body": {"object": "list", "data": [{"id": m, "object": "model"} for m in server.models]}})
+
+            def send(self, reply: dict[str, Any]) -> None:
+                body = reply["body"]
+                data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+                kind = "text/plain" if isinstance(body, str) else "application/json"
                 try:
                     self.send_response(reply.get("status", 200))
-                    for k, v in {"Content-Type": "application/json", **reply.get("headers", {})}.items():
+                    for k, v in {"Content-Type": kind, **reply.get("headers", {})}.items():
                         self.send_header(k, v)
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
@@ -57,10 +98,11 @@ class ChatServer:
                 pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_port}/v1"
+        self.root = f"http://127.0.0.1:{self.httpd.server_port}"
+        self.url = f"{self.root}/v1"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
-    def reply(self, body: dict[str, Any], status: int = 200, delay: float = 0.0, **headers: str) -> None:
+    def reply(self, body: dict[str, Any] | str, status: int = 200, delay: float = 0.0, **headers: str) -> None:
         self.script.append({"body": body, "status": status, "delay": delay, "headers": headers})
 
 
@@ -186,8 +228,9 @@ def test_rate_limit_server_error_and_empty_reply_are_retried(server: ChatServer)
     assert len(server.requests) == 4
     assert sleeps[0] == 0.25  # the server's Retry-After wins
     assert 1.0 <= sleeps[1] <= 2.0 and 2.0 <= sleeps[2] <= 4.0  # 2^(n-1) window, half of it jittered
-    assert ["429" in r["error"] for r in p.retries] == [True, False, False]
-    assert "502" in p.retries[1]["error"] and "EmptyReply" in p.retries[2]["error"]
+    assert ["429" in r.error for r in p.retries] == [True, False, False]
+    assert "502" in p.retries[1].error and "EmptyReply" in p.retries[2].error
+    assert reply.usage.retries == p.retries  # the call's own retries travel with its reply
 
 
 def test_timeout_is_retried(server: ChatServer) -> None:
@@ -198,7 +241,7 @@ def test_timeout_is_retried(server: ChatServer) -> None:
     reply = p.act(START, TOOL_SCHEMAS)
     assert reply.content == "on time" and reply.usage.attempts == 2
     assert time.monotonic() - start < 1.8  # did not wait for the slow reply
-    assert "Timeout" in p.retries[0]["error"] and len(sleeps) == 1
+    assert "timed out after 0.4 s" in p.retries[0].error and len(sleeps) == 1
 
 
 def test_gives_up_after_bounded_attempts_and_the_episode_ends_cleanly(server: ChatServer, tmp_path) -> None:
@@ -230,9 +273,10 @@ def test_connection_refused_is_retried_then_reported() -> None:
         port = s.getsockname()[1]
     sleeps: list[float] = []
     p = OpenAIPolicy("m", f"http://127.0.0.1:{port}/v1", api_key="k", sleep=sleeps.append, max_attempts=3)
-    with pytest.raises(PolicyError, match="gave up after 3 attempts.*Connection"):
+    with pytest.raises(PolicyError, match="gave up after 3 attempts.*connection refused") as e:
         p.act(START, TOOL_SCHEMAS)
     assert len(sleeps) == 2
+    assert f"cannot connect to http://127.0.0.1:{port}/v1/chat/completions" in str(e.value)
 
 
 def test_key_from_dotenv_never_written(server: ChatServer, tmp_path, monkeypatch) -> None:
@@ -286,3 +330,272 @@ def test_cli_prints_tokens_and_dollars(server: ChatServer, monkeypatch, tmp_path
     text = CliRunner().invoke(app, [*args, "--budget-usd", "0.25"])
     assert text.exit_code == 1, text.output  # stopped by the budget before any job
     assert "2,000 prompt" in text.stdout and "$0.5000" in text.stdout and "budget" in text.stdout
+
+
+# ---- what broke against real servers (llama-cpp-python, `transformers serve`) ----------------------
+
+
+def episode(p: OpenAIPolicy, tmp_path: Path, **config: Any):
+    return run_episode(load_spec(TASK), TASK, p, EpisodeConfig(**config), runs_dir=tmp_path / "runs",
+                       baselines=BaselineStore(tmp_path / "b.json"))
+
+
+def trajectory(result) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (Path(result.run_dir) / "trajectory.jsonl").read_text().splitlines()]
+
+
+def test_an_assistant_turn_with_tool_calls_is_sent_with_string_content(server: ChatServer, monkeypatch,
+                                                                        tmp_path) -> None:
+    """llama-cpp-python answers `"content": null` with a 500: every tool-using episode died at turn 2."""
+    server.strict_content = True
+    job = reference_job("calc_chain")
+    server.reply(completion([("write_file", {"path": "job.toml", "content": job["job.toml"]})], turn=1))
+    server.reply(completion([("write_file", {"path": "env.py", "content": job["env.py"]})], turn=2))
+    server.reply(completion([("submit_job", {})], turn=3))
+    fake_executor(monkeypatch, ok_result())
+    p, sleeps = policy(server)
+    result = episode(p, tmp_path)
+    assert result.stop_reason is StopReason.job_done, result.error
+    assert sleeps == [] and len(server.requests) == 3
+    sent = [m for m in server.requests[2]["body"]["messages"] if m["role"] == "assistant"]
+    assert [m["content"] for m in sent] == ["", ""] and all(m["tool_calls"] for m in sent)
+
+
+@pytest.mark.parametrize("body, said", [
+    ({"error": "Model 'nope' not found. Available: Qwen/Qwen2.5-0.5B-Instruct"}, "Model 'nope' not found"),  # a string
+    ({"detail": "The model `nope` does not exist."}, "The model `nope` does not exist."),  # FastAPI
+    ({"object": "error", "message": "nope is not a valid model ID", "code": 400}, "nope is not a valid model ID"),
+    ("Bad Request: unknown model nope", "Bad Request: unknown model nope"),  # plain text
+    ({"detail": [{"type": "missing", "loc": ["body", "messages", 0, "content"], "msg": "Field required"}]},
+     "1 validation error: body.messages.0.content: Field required"),  # FastAPI's 422 shape
+])
+def test_client_errors_carry_the_url_the_status_and_what_the_server_said(server: ChatServer, body, said) -> None:
+    server.reply(body, status=400)
+    p, _ = policy(server, model="nope")
+    with pytest.raises(PolicyError) as e:
+        p.act(START, TOOL_SCHEMAS)
+    msg = str(e.value)
+    assert f"HTTP 400 from {server.url}/chat/completions" in msg and said in msg and "not retryable" in msg
+    assert e.value.status == 400 and e.value.usage.attempts == 1
+
+
+def test_a_404_asks_whether_the_base_url_ends_in_v1(server: ChatServer) -> None:
+    server.reply("Not Found", status=404)
+    p = OpenAIPolicy("m", server.root, api_key="k", sleep=lambda s: None)  # no /v1
+    with pytest.raises(PolicyError) as e:
+        p.act(START, TOOL_SCHEMAS)
+    assert f"HTTP 404 from {server.root}/chat/completions (does the base URL end in /v1?): Not Found" in str(e.value)
+
+
+def test_a_server_error_keeps_the_line_that_matters(server: ChatServer) -> None:
+    """A long traceback in a 500: the exception at its end is what the error must show."""
+    trace = ("Traceback (most recent call last):\n" + "".join(f'  File "/srv/app/mod{i}.py", line {i}, in f{i}\n'
+                                                              f"    call_{i}(x)\n" for i in range(40))
+             + "ValueError: Requested tokens exceed n_batch in prompt template rendering for role 'tool'\n")
+    server.reply({"error": {"message": trace, "type": "internal_server_error"}}, status=500)
+    p, _ = policy(server, max_attempts=1)
+    with pytest.raises(PolicyError) as e:
+        p.act(START, TOOL_SCHEMAS)
+    msg = str(e.value)
+    assert "HTTP 500 from" in msg and "ValueError: Requested tokens exceed n_batch" in msg and "role 'tool'" in msg
+    assert len(msg) < 800
+    server.reply(LLAMA_CPP_NULL_CONTENT, status=500)  # a union's validation errors: the one that matters
+    with pytest.raises(PolicyError) as e:
+        p.act(START, TOOL_SCHEMAS)
+    assert ("7 validation errors: body.messages.1.ChatCompletionRequestAssistantMessage.content: Input should be a "
+            "valid string (got None)") in str(e.value)
+    long = "x" * 3000 + " the end"
+    server.reply({"error": {"message": long}}, status=502)
+    with pytest.raises(PolicyError) as e:
+        p.act(START, TOOL_SCHEMAS)
+    assert "the end" in str(e.value) and len(str(e.value)) < 800  # head and tail kept, the middle cut
+
+
+def test_connection_errors_say_why() -> None:
+    p = OpenAIPolicy("m", "http://no-such-host.invalid/v1", api_key="k", max_attempts=1)
+    with pytest.raises(PolicyError, match=r"cannot connect to http://no-such-host\.invalid/v1/chat/completions: "
+                                          r"DNS lookup failed"):
+        p.act(START, TOOL_SCHEMAS)
+
+
+def test_request_timeout_from_make_policy_and_retries_and_waits_in_the_call(server: ChatServer, monkeypatch,
+                                                                           tmp_path) -> None:
+    p = make_policy("openai:m", base_url=server.url, request_timeout_s=0.3, max_tokens=64)
+    assert p.timeout_s == 0.3 and p.settings["timeout_s"] == 0.3 and p.settings["max_tokens"] == 64
+    with pytest.raises(ValueError, match="openai:MODEL policy only"):
+        make_policy("reference", request_timeout_s=5)
+
+    server.reply(completion(content="late"), delay=1.5)  # past the 0.3 s timeout
+    server.reply({"error": {"message": "model is loading"}}, status=503)
+    server.reply(completion(content="I give up.", use=usage(10, 2)))
+    p.sleep = lambda s: None  # a wait that takes no time: it must be counted all the same
+    p.rng.seed(0)
+    result = episode(p, tmp_path, max_nudges=0)
+    assert result.stop_reason is StopReason.no_submission
+    reply = [e for e in trajectory(result) if e["kind"] == "message" and e["role"] == "assistant"][0]
+    u = reply["usage"]
+    assert u["attempts"] == 3 and [r["attempt"] for r in u["retries"]] == [1, 2]
+    assert "timed out after 0.3 s" in u["retries"][0]["error"] and u["retries"][0]["seconds"] >= 0.25
+    assert "HTTP 503" in u["retries"][1]["error"] and "model is loading" in u["retries"][1]["error"]
+    waits = sum(r["wait_s"] for r in u["retries"])
+    assert waits >= 1.0  # 1 s window then 2 s window, half jittered
+    assert u["latency_s"] >= waits + 0.25 and result.cost.llm_seconds == pytest.approx(u["latency_s"])
+    line = [e for e in Ledger(tmp_path / "runs" / "costs.jsonl").entries() if e["kind"] == "llm"][0]
+    assert line["retries"] == 2  # the ledger counts them; the trajectory has the messages
+
+
+def test_a_failed_call_reports_its_time_and_retries(server: ChatServer) -> None:
+    for _ in range(2):
+        server.reply({"error": {"message": "overloaded"}}, status=503)
+    p, sleeps = policy(server, max_attempts=2)
+    with pytest.raises(PolicyError) as e:
+        p.act(START, TOOL_SCHEMAS)
+    assert e.value.usage.attempts == 2 and len(e.value.retries) == 2 and e.value.status == 503
+    assert e.value.usage.latency_s >= sum(sleeps) > 0
+    assert [r.wait_s > 0 for r in e.value.retries] == [True, False]
+
+
+@pytest.mark.parametrize("status, body", [
+    (400, {"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it",
+                     "type": "exceed_context_size_error"}}),  # llama.cpp's server
+    (400, {"error": {"message": "This model's maximum context length is 32768 tokens. However, you requested "
+                                "40000 tokens.", "type": "invalid_request_error", "code": "context_length_exceeded"}}),
+    (400, {"object": "error", "message": "This model's maximum context length is 4096 tokens.", "code": 400}),  # vLLM
+    (400, {"error": {"message": "Requested tokens (9000) exceed context window of 8192"}}),  # llama-cpp-python
+    (400, {"error": {"message": "prompt is too long: 210000 tokens > 200000 maximum"}}),
+    (413, "Input validation error: `inputs` must have less than 4096 tokens"),  # TGI
+    (500, {"error": {"message": "too many tokens in the prompt"}}),
+])
+def test_a_context_length_error_ends_the_episode_as_context_full(server: ChatServer, tmp_path, status, body) -> None:
+    server.reply(body, status=status)
+    p, sleeps = policy(server)
+    result = episode(p, tmp_path)
+    assert result.stop_reason is StopReason.context_full, result.error
+    assert "no longer fits" in result.error and f"HTTP {status}" in result.error
+    assert len(server.requests) == 1 and sleeps == []  # not retried
+
+
+def test_a_loopback_model_without_a_price_is_local_zero(server: ChatServer, tmp_path) -> None:
+    from ait.metering import Usage, price_usage
+    from ait.policy.openai_policy import is_loopback
+
+    server.reply(completion(content="nothing to do", use=usage(500, 20)))
+    p, _ = policy(server, model="qwen")
+    result = episode(p, tmp_path, max_nudges=0)
+    line = [e for e in Ledger(tmp_path / "runs" / "costs.jsonl").entries() if e["kind"] == "llm"][0]
+    assert line["usd_source"] == "local" and line["usd"] == 0.0
+    assert result.cost.unpriced_calls == 0 and result.cost.llm_calls == 1
+    assert [is_loopback(u) for u in ("http://localhost:8080/v1", "http://[::1]:8000/v1", "http://127.0.0.5/v1",
+                                     "http://10.0.0.2:8000/v1", "https://api.openai.com/v1", None)] == [
+        True, True, True, False, False, False]
+    remote = price_usage(Usage(model="qwen", prompt_tokens=5), DEFAULT_PRICES)
+    assert remote.usd_source == "unpriced"
+    priced = price_usage(Usage(model="gpt-4o-mini", prompt_tokens=10**6, local=True), DEFAULT_PRICES)
+    assert priced.usd_source == "price_table" and priced.usd > 0  # a price the user gave still wins
+
+
+def test_preflight(server: ChatServer) -> None:
+    import socket
+
+    server.models = ["qwen", "other-model"]
+    p, _ = policy(server, model="qwen")
+    assert p.preflight() is None
+    assert server.requests[-1]["path"] == "/v1/models"
+
+    server.reply({"error": {"message": "The model `nope` does not exist.", "code": 404}}, status=404)
+    problem = policy(server, model="nope")[0].preflight()
+    assert "'nope' is not served at" in problem and "qwen, other-model" in problem and "does not exist" in problem
+
+    server.models = ["/models/qwen2.5-coder-0.5b-q4_k_m.gguf"]  # llama.cpp: one model, any name answered
+    server.reply(completion(content="h", use=usage(3, 1)))
+    assert policy(server, model="qwen")[0].preflight() is None
+    assert server.requests[-1]["body"]["max_tokens"] == 1
+
+    problem = OpenAIPolicy("qwen", server.url, api_key="wrong").preflight()
+    assert "refused the key" in problem and "401" in problem and "Incorrect API key" in problem
+
+    problem = OpenAIPolicy("qwen", server.root, api_key="k").preflight()  # no /v1
+    assert problem and f"--base-url {server.url}" in problem
+
+    server.models = None  # a server without /models: cannot check, not blocked
+    assert policy(server)[0].preflight() is None
+    assert OpenAIPolicy("qwen", server.root, api_key="k").preflight() is None
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    problem = OpenAIPolicy("m", f"http://127.0.0.1:{port}/v1", api_key="k").preflight(timeout_s=2)
+    assert f"cannot connect to http://127.0.0.1:{port}/v1/models: connection refused" in problem
+
+
+TEXT_CALL = '<tool_call>\n{"name": "read_file", "arguments": {"path": "job.toml"}}\n</tool_call>'
+
+
+def test_tool_calls_written_as_text_are_reported(server: ChatServer, tmp_path) -> None:
+    for _ in range(3):  # the first reply and two nudged ones
+        server.reply(completion(content=TEXT_CALL, use=usage(100, 20)))
+    p, _ = policy(server, model="qwen")
+    result = episode(p, tmp_path)
+    assert result.stop_reason is StopReason.no_submission and result.malformed_tool_calls == 0
+    d = p.diagnostics()
+    assert (d["replies"], d["structured_tool_call_replies"], d["text_tool_call_replies"]) == (3, 0, 3)
+    assert "never as structured calls (3 of 3 replies)" in d["note"] and "--salvage-tool-calls" in d["note"]
+    p.reset(load_spec(TASK))
+    assert p.diagnostics()["note"] is None and p.diagnostics()["replies"] == 0
+
+
+def test_salvaged_tool_calls_reach_the_harness(server: ChatServer, monkeypatch, tmp_path) -> None:
+    job = reference_job("calc_chain")
+    write_toml = json.dumps({"name": "write_file", "arguments": {"path": "job.toml", "content": job["job.toml"]}})
+    write_env = json.dumps({"name": "write_file", "arguments": {"path": "env.py", "content": job["env.py"]}})
+    server.reply(completion(content=f"I will write the config.\n```json\n{write_toml}\n```", use=usage(100, 50)))
+    server.reply(completion(content=f"<tool_call>\n{write_env}\n</tool_call>", use=usage(200, 50)))
+    server.reply(completion(content='{"name": "submit_job", "arguments": {}}', use=usage(300, 10)))
+    ran = fake_executor(monkeypatch, ok_result())
+    p, _ = policy(server, model="qwen", salvage_tool_calls=True)
+    result = episode(p, tmp_path)
+    assert result.stop_reason is StopReason.job_done and len(ran) == 1 and result.malformed_tool_calls == 0
+    d = p.diagnostics()
+    assert (d["structured_tool_call_replies"], d["text_tool_call_replies"], d["salvaged_replies"]) == (0, 3, 3)
+    assert "salvaged" in d["note"]
+    replies = [e for e in trajectory(result) if e["kind"] == "message" and e["role"] == "assistant"]
+    assert replies[0]["content"] == "I will write the config." and replies[0]["tool_calls"][0]["name"] == "write_file"
+    # Sent back as structured calls, each answered by its tool result.
+    later = server.requests[2]["body"]["messages"]
+    assert [m["tool_calls"][0]["function"]["name"] for m in later if m.get("tool_calls")] == ["write_file"] * 2
+    assert [m["tool_call_id"] for m in later if m["role"] == "tool"] == ["call_1_0", "call_2_0"]
+
+
+def test_salvage_leaves_prose_alone_and_answers_a_broken_call() -> None:
+    from ait.policy.chat import salvage_tool_calls
+
+    names = {t["function"]["name"] for t in TOOL_SCHEMAS}
+    prose = 'The config looks like {"name": "calc", "steps": 3}; done.'
+    assert salvage_tool_calls(prose, "c", bare_json=True, tool_names=names) == (prose, [])
+    content, calls = salvage_tool_calls('Writing:\n{"name": "write_file", "arguments": {"path": "job.toml", "content": '
+                                        '"x = \\q"}}', "c", bare_json=True, tool_names=names)
+    assert content == "Writing:" and calls[0].name == "write_file" and isinstance(calls[0].arguments, str)
+    # Raw newlines inside a JSON string (small models write files so) still parse.
+    content, calls = salvage_tool_calls('{"name": "write_file", "arguments": {"path": "a", "content": "1\n2"}}', "c",
+                                        bare_json=True, tool_names=names)
+    assert calls[0].arguments == {"path": "a", "content": "1\n2"}
+
+
+def test_salvage_reads_what_llama_cpp_servers_really_returned() -> None:
+    """Replies seen from llama-cpp-python 0.3.36 serving Qwen2.5-Coder-0.5B (docs/real-servers.md)."""
+    from ait.policy.chat import looks_like_tool_call, salvage_tool_calls
+
+    names = {t["function"]["name"] for t in TOOL_SCHEMAS}
+    # chatml-function-calling, when the model takes its "message:" branch: the call's name as text, no arguments.
+    assert looks_like_tool_call("functions.read_file:", names)
+    content, calls = salvage_tool_calls("functions.read_file:", "c", bare_json=True, tool_names=names)
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [("read_file", {})]
+    content, calls = salvage_tool_calls('functions.read_file:\n{"path": "INSTRUCTIONS.md"}', "c", bare_json=True,
+                                        tool_names=names)
+    assert calls[0].arguments == {"path": "INSTRUCTIONS.md"}
+    # The GGUF's own template: a made-up tool with placeholder values, in a fence. Passed on (the harness
+    # answers "unknown tool"), the fence it opened not left behind as content.
+    text = '```json\n{\n  "name": "chain_arithmetic",\n  "arguments": {\n    "start_number": <number>\n  }\n}\n```'
+    content, calls = salvage_tool_calls(text, "c", bare_json=True, tool_names=names)
+    assert content == "" and calls[0].name == "chain_arithmetic" and isinstance(calls[0].arguments, str)
+    assert not looks_like_tool_call('{"name": "bob"}', names)  # no arguments and not a tool: not a call

@@ -8,7 +8,8 @@
 
 USD comes from the provider when the response reports it (OpenRouter's `usage.cost`),
 else from the price table; a model missing from the table is recorded as unpriced
-($0, counted) rather than guessed. Defaults below are list prices at the time of
+($0, counted) rather than guessed, unless it was served on this machine (a loopback
+base URL: `local`, $0). Defaults below are list prices at the time of
 writing; override or extend them in AIT_HOME/prices.toml, AIT_PRICES or a path.
 """
 
@@ -31,6 +32,21 @@ from ait.spec import Strict
 # ---- records ---------------------------------------------------------------------------------
 
 
+class Retry(BaseModel):
+    """One failed attempt of an LLM call, and the wait before the next."""
+
+    turn: int
+    """The policy turn the call belonged to."""
+    attempt: int
+    """1-based attempt number."""
+    error: str
+    """What went wrong: status, URL and the server's own message, or the connection's cause."""
+    seconds: float = 0.0
+    """How long the failed attempt took."""
+    wait_s: float = 0.0
+    """Backoff before the next attempt (0 after the last one)."""
+
+
 class Usage(BaseModel):
     """What one LLM call consumed."""
 
@@ -47,9 +63,13 @@ class Usage(BaseModel):
     usd_source: Literal["provider", "price_table", "local", "unpriced"] | None = None
     """Where `usd` came from: the response, the price table, a local model ($0), or nowhere ($0)."""
     latency_s: float = 0.0
-    """Wall time of the successful request."""
+    """Wall time of the call: every attempt, failed ones included, and the backoff waits between them."""
     attempts: int = 1
     """Requests made, retries included."""
+    local: bool = False
+    """Served on this machine (a loopback base URL): priced $0 ("local") when the price table has no price."""
+    retries: list[Retry] = Field(default_factory=list)
+    """Why each failed attempt of this call failed (empty when the first attempt answered)."""
 
 
 class JobCost(BaseModel):
@@ -85,7 +105,9 @@ class CostSummary(BaseModel):
     unpriced_calls: int = 0
     """Calls whose model had no price (counted as $0)."""
     llm_seconds: float = 0.0
-    """Summed LLM latency."""
+    """Summed LLM latency (retries and backoff included; calls that failed in the end too)."""
+    failed_llm_calls: int = 0
+    """Calls that never answered (gave up after retries, or a non-retryable error): time counted, no tokens."""
     jobs: int = 0
     """Jobs metered."""
     gpu_seconds: float = 0.0
@@ -187,7 +209,7 @@ def price_usage(usage: Usage, table: PriceTable) -> Usage:
         return usage.model_copy(update={"usd_source": usage.usd_source or "provider"})
     price = llm_price(table, usage.model)
     if price is None:
-        return usage.model_copy(update={"usd": 0.0, "usd_source": "unpriced"})
+        return usage.model_copy(update={"usd": 0.0, "usd_source": "local" if usage.local else "unpriced"})
     cached = min(usage.cached_tokens, usage.prompt_tokens)
     cached_rate = price.prompt if price.cached_prompt is None else price.cached_prompt
     usd = ((usage.prompt_tokens - cached) * price.prompt + cached * cached_rate
@@ -273,6 +295,14 @@ class Ledger:
 # ---- one episode's meter ---------------------------------------------------------------------
 
 
+def ledger_usage(usage: Usage) -> dict[str, Any]:
+    """A call's ledger fields: the retries' count, not their messages (the trajectory has those)."""
+    out = usage.model_dump(exclude={"retries"})
+    if usage.retries:
+        out["retries"] = len(usage.retries)
+    return out
+
+
 class Meter:
     """Running totals of one episode; writes its ledger lines and answers budget questions."""
 
@@ -295,8 +325,14 @@ class Meter:
         s.llm_seconds += usage.latency_s
         self.last_call_usd = usage.usd or 0.0
         self.ledger.append({"kind": "llm", "run_id": self.run_id, "group": self.group, "policy": policy,
-                            **usage.model_dump()})
+                            **ledger_usage(usage)})
         return usage
+
+    def record_llm_failure(self, usage: Usage, policy: str) -> None:
+        """A call that never answered (e.g. `PolicyError.usage`): its seconds count in llm_seconds, and
+        it is counted in failed_llm_calls, not llm_calls; no ledger line (nothing was billed)."""
+        self.summary.failed_llm_calls += 1
+        self.summary.llm_seconds += usage.latency_s
 
     def record_job(self, job_id: str, cost: JobCost) -> None:
         s = self.summary

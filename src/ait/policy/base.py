@@ -30,9 +30,15 @@ class Policy(Protocol):
 
 
 def make_policy(spec: str | None, *, base_url: str | None = None, temperature: float | None = None,
-                max_tokens: int | None = None) -> Policy:
-    """Build a policy from `reference`, `reference:N`, `openai:MODEL` or `hf:PATH_OR_NAME`."""
+                max_tokens: int | None = None, request_timeout_s: float | None = None,
+                salvage_tool_calls: bool = False) -> Policy:
+    """Build a policy from `reference`, `reference:N`, `openai:MODEL` or `hf:PATH_OR_NAME`.
+
+    `max_tokens` caps each reply (openai, hf); `request_timeout_s` is one HTTP request's limit and
+    `salvage_tool_calls` parses tool calls written as text (openai only: the hf policy always does)."""
     kind, _, arg = (spec or "reference").partition(":")
+    if kind != "openai" and (request_timeout_s is not None or salvage_tool_calls):
+        raise ValueError("--request-timeout and --salvage-tool-calls apply to an openai:MODEL policy only")
     if kind == "reference":
         from ait.policy.reference import ReferencePolicy
 
@@ -42,7 +48,8 @@ def make_policy(spec: str | None, *, base_url: str | None = None, temperature: f
     if kind == "openai" and arg:
         from ait.policy.openai_policy import OpenAIPolicy
 
-        return OpenAIPolicy(arg, base_url, temperature=temperature, max_tokens=max_tokens)
+        return OpenAIPolicy(arg, base_url, temperature=temperature, max_tokens=max_tokens,
+                            timeout_s=request_timeout_s, salvage_tool_calls=salvage_tool_calls)
     if kind == "hf" and arg:
         from ait.policy.hf_policy import HFPolicy
 
