@@ -28,7 +28,7 @@ class Executor(str, Enum):
 # Exit statuses: scripts can tell a scored job from an agent that produced none from a broken run.
 EXIT_NO_JOB, EXIT_BROKEN, EXIT_INTERRUPTED = 1, 3, 130
 BROKEN = {"policy_error", "infra_error"}
-FLAGS = {"eval_size": "--eval-size", "max_jobs": "--max-jobs", "budget_usd": "--budget-usd",
+FLAGS = {"eval_size": "--eval-size", "max_jobs": "--max-jobs", "budget_usd": "--budget-usd", "timeout_s": "--episode-timeout",
          "run_budget_usd": "--run-budget-usd", "executor": "--executor", "ray_address": "--ray-address",
          "run_group": "--run-group"}
 
@@ -39,6 +39,15 @@ def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path
             base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint (OpenRouter, vLLM, ...)."),
             temperature: Optional[float] = typer.Option(None, min=0.0, max=2.0,
                                                         help="Sampling temperature of an LLM policy."),
+            max_tokens: Optional[int] = typer.Option(None, min=1, help="Most tokens an LLM policy may reply with."),
+            request_timeout: Optional[float] = typer.Option(None, min=0.1, help="Seconds an openai: request may "
+                                                            "take before it is retried (default 120)."),
+            salvage_tool_calls: bool = typer.Option(False, "--salvage-tool-calls", help="openai: read tool calls "
+                                                    "a model writes as text (bare JSON, <tool_call> tags)."),
+            preflight: bool = typer.Option(True, "--preflight/--no-preflight", help="Check an openai: endpoint "
+                                           "and model (GET /models) before the episode."),
+            episode_timeout: Optional[float] = typer.Option(None, min=1.0, help="Wall-clock limit of the episode "
+                                                            "(seconds; scored as it stood)."),
             max_jobs: Optional[int] = typer.Option(None, min=1, max=20,
                                                    help="Jobs the agent may run, seeing dev scores between."),
             budget_usd: Optional[float] = typer.Option(None, min=0.0, help="Stop the episode before it spends more (USD)."),
@@ -74,14 +83,18 @@ def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path
         cfg = load_config(config, EpisodeConfig) if config else EpisodeConfig()
         overrides = {k: v for k, v in {"executor": executor.value if executor else None, "eval_size": eval_size,
                                        "ray_address": ray_address, "max_jobs": max_jobs, "budget_usd": budget_usd,
-                                       "run_group": run_group, "run_budget_usd": run_budget_usd}.items()
+                                       "run_group": run_group, "run_budget_usd": run_budget_usd,
+                                       "timeout_s": episode_timeout}.items()
                      if v is not None}
         try:
             cfg = EpisodeConfig.model_validate({**cfg.model_dump(), **overrides})
         except ValidationError as e:
             fail(flag_errors(e))
         load_prices(cfg.prices_path)  # a broken price file fails here, not mid-episode
-        agent = make_policy(policy, base_url=base_url, temperature=temperature)
+        agent = make_policy(policy, base_url=base_url, temperature=temperature, max_tokens=max_tokens,
+                            request_timeout_s=request_timeout, salvage_tool_calls=salvage_tool_calls)
+        if preflight and (problem := getattr(agent, "preflight", lambda: None)()):
+            raise ValueError(problem)
         if base_model is not None:
             from ait.policy.reference import ReferencePolicy
 

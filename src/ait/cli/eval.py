@@ -109,6 +109,8 @@ def policy_factory(plan):
     from ait.policy.base import make_policy
 
     first = make_policy(plan.policy, base_url=plan.base_url, temperature=plan.temperature)
+    if problem := getattr(first, "preflight", lambda: None)():  # an openai: endpoint that cannot serve
+        raise ValueError(problem)
     if plan.policy.startswith("hf:"):
         from ait.policy.hf_policy import HFPolicy
 

@@ -118,10 +118,10 @@ class Episode:
             try:
                 reply = self.policy.act(messages, TOOL_SCHEMAS)
             except PolicyStop as e:
-                self.run.log("policy_stop", reason=e.reason.value, error=str(e))
+                self.run.log("policy_stop", reason=e.reason.value, error=str(e), retries=self.failed_call(e))
                 return e.reason, turn, str(e)
             except Exception as e:
-                self.run.log("policy_error", error=f"{type(e).__name__}: {e}")
+                self.run.log("policy_error", error=f"{type(e).__name__}: {e}", retries=self.failed_call(e))
                 return StopReason.policy_error, turn, f"{type(e).__name__}: {e}"
             if reply.usage is not None:
                 reply = reply.model_copy(update={"usage": self.meter.record_llm(reply.usage, self.policy.name)})
@@ -152,6 +152,15 @@ class Episode:
                     return (self.stop_for_timeout(turn) if stop is StopReason.timeout
                             else (stop, turn, self.budget_stop))
         return StopReason.turn_cap, self.config.max_turns, None
+
+    def failed_call(self, error: BaseException) -> list[dict]:
+        """A call that never answered still took time (attempts, backoff waits): metered as a failed
+        call (llm_seconds, failed_llm_calls; nothing billed). Returns its retries, for the record."""
+        usage = getattr(error, "usage", None)
+        if usage is not None:
+            self.meter.record_llm_failure(usage, self.policy.name)
+        retries = getattr(error, "retries", None) or (getattr(usage, "retries", None) if usage else None) or []
+        return [r.model_dump() if hasattr(r, "model_dump") else r for r in retries]
 
     def finished(self) -> StopReason | None:
         """Whether the last tool call ended the episode."""
@@ -382,6 +391,11 @@ def run_episode(spec: TaskSpec, task_path: str | Path, policy: Policy, config: E
         run.log("interrupted", turns=turns)
     if episode.jobs:  # the agent's choice, if it made one after its last job, is in by now
         run.write_json("job_result.json", episode.job_result)
+    if (diagnostics := getattr(policy, "diagnostics", None)) is not None:
+        found = diagnostics()  # e.g. tool calls written as text the whole episode: say so in the result
+        run.log("policy_diagnostics", **found)
+        if note := found.get("note"):
+            error = f"{error}; {note}" if error else note
     baseline = None if interrupted else episode.baseline()  # no baseline eval is started after Ctrl-C
     stop, error = infra_verdict(stop, error, episode.job_result, baseline)
     reward = compute_reward(
