@@ -93,8 +93,6 @@ def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path
         load_prices(cfg.prices_path)  # a broken price file fails here, not mid-episode
         agent = make_policy(policy, base_url=base_url, temperature=temperature, max_tokens=max_tokens,
                             request_timeout_s=request_timeout, salvage_tool_calls=salvage_tool_calls)
-        if preflight and (problem := getattr(agent, "preflight", lambda: None)()):
-            raise ValueError(problem)
         if base_model is not None:
             from ait.policy.reference import ReferencePolicy
 
@@ -104,6 +102,8 @@ def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path
                 raise ValueError(f"--base-model {base_model!r} is not allowed by {spec.id}; choose one of "
                                  f"{spec.constraints.allowed_base_models}")
             agent.base_model = agent.settings["base_model"] = base_model
+        if preflight and (problem := getattr(agent, "preflight", lambda: None)()):  # after the offline checks
+            raise ValueError(problem)
         make_executor(cfg)  # fail now, not mid-episode, if the executor cannot start (e.g. Ray missing)
     except (ConfigError, ValueError, RuntimeError) as e:
         fail(str(e))
