@@ -23,12 +23,11 @@ import os
 from pathlib import Path
 
 from ait.sandbox import cgroup
-from ait.sandbox.process import (RunOutcome, StartedProcess, kill_group_pid, open_log, python_argv,
-                                 run_process)
+from ait.sandbox.process import RunOutcome, StartedProcess, kill_group_pid, python_argv
 from ait.sandbox.types import Limits, SandboxPolicy
 
 __all__ = ["UNSAFE_ENV", "Limits", "RunOutcome", "SandboxPolicy", "SandboxUnavailable", "StartedProcess",
-           "gpu_settings", "kill_group_pid", "open_log", "python_argv", "require_isolation", "run_process", "run_untrusted",
+           "gpu_settings", "kill_group_pid", "python_argv", "require_isolation", "run_untrusted",
            "scrubbed_env", "start_untrusted", "unsafe_allowed"]
 
 # Variables a child needs to run Python and find its libraries; everything else

@@ -180,8 +180,3 @@ class StartedProcess:
             self._exit_info = self.on_exit() or {}
         self.capture.join()
 
-
-def run_process(args: list[str], *, cwd: str | Path, timeout_s: float, log_path: str | Path,
-                env: dict[str, str] | None = None) -> RunOutcome:
-    """Run `python -I args...` in a new session; kill the whole group at `timeout_s`."""
-    return StartedProcess(args, cwd=cwd, log_path=log_path, env=env).finish(timeout_s)
