@@ -1,4 +1,4 @@
-"""`ait job`: start a workspace, validate it with the probe."""
+"""`ait job`: start a workspace, validate it with the probe, export it to verifiers or prime-rl."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import typer
 from rich.markup import escape
 
 from ait.cli.common import console, fail, load_task
+from ait.cli.export import job_export
 
 app = typer.Typer(help="Work with job workspaces (job.toml + env.py).", no_args_is_help=True)
+app.command("export")(job_export)
 
 
 @app.command("init")
