@@ -1,5 +1,6 @@
-"""Continuous batching in the agent sampler: a request joins the running batch and leaves when its
-reply ends, replies match sampling alone, weight swaps wait for running rows, errors stay local."""
+"""Continuous batching in the agent sampler (ait.train.decode_batch.SamplingEngine on the decoding
+engine): a request joins the running batch and leaves when its reply ends, replies match sampling
+alone, weight swaps wait for running rows, errors stay local."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ait.outer.batching import RunningBatch
-from ait.outer.sampler import Request, SamplingEngine, generate_batch
+from ait.outer.sampler import SamplingEngine
+from ait.train.decode import Decoder, Request
 from ait.train.tiny import tiny_model_path
+from tests.test_decode import drive, reference
 
 
 @pytest.fixture(scope="module")
@@ -29,38 +31,37 @@ PROMPTS = [[5, 6, 7], list(range(10, 40)), [9, 10, 11, 12], list(range(3, 60, 2)
 
 
 def alone(model, prompt, seed, max_new, temperature=1.0, stop=frozenset()):
-    return generate_batch(model, [Request(prompt, temperature, max_new, gen(seed))], 0, set(stop))[0]
+    """The reference: step-by-step sampling without a cache, full forward each step."""
+    return reference(model, prompt, max_new, temperature, generator=gen(seed), stop=set(stop))
 
 
 def test_rows_that_join_mid_flight_sample_as_if_alone(model_and_tokenizer):
     model, _ = model_and_tokenizer
-    batch = RunningBatch(model, pad_id=0, stop_ids=set())
-    requests = [Request(p, 1.0 if i % 2 == 0 else 0.0, 6 + 3 * i, gen(i)) for i, p in enumerate(PROMPTS)]
-    batch.admit(requests[:1])
-    done = []
-    for step in range(40):
-        if step in (2, 4):  # later requests join a batch that is already decoding, with other cache lengths
-            batch.admit(requests[1:3] if step == 2 else requests[3:])
-        done += batch.step() if len(batch) else []
-    assert len(done) == 4 and not len(batch)
-    by_request = {id(r.request): r for r in done}
+    dec = Decoder(model, stop_ids=[], pad_id=0, min_rows=8)
+    requests = [Request(p, 6 + 3 * i, 1.0 if i % 2 == 0 else 0.0, generator=gen(i)) for i, p in enumerate(PROMPTS)]
+    # later requests join a batch that is already decoding, with other cache lengths
+    done = drive(dec, {0: requests[:1], 2: requests[1:3], 4: requests[3:]})
+    assert len(done) == 4 and not dec.busy
     for i, (req, prompt) in enumerate(zip(requests, PROMPTS)):
         ids, logprobs = alone(model, prompt, i, 6 + 3 * i, temperature=req.temperature)
-        row = by_request[id(req)]
-        assert row.ids == ids and row.logprobs == pytest.approx(logprobs, abs=1e-4)
-        assert torch.equal(req.generator.get_state(), gen(i).manual_seed(i).get_state()) is (req.temperature == 0)
+        assert req.ids == ids and req.logprobs == pytest.approx(logprobs, abs=1e-4)
+        assert torch.equal(req.generator.get_state(), gen(i).get_state()) is (req.temperature == 0)
 
 
-def test_a_finished_row_leaves_and_the_cache_shrinks(model_and_tokenizer):
+def test_a_finished_row_frees_its_slot_at_once(model_and_tokenizer):
     model, _ = model_and_tokenizer
-    batch = RunningBatch(model, pad_id=0, stop_ids=set())
-    batch.admit([Request(list(range(3, 80)), 1.0, 2, gen(0)), Request([5, 6], 1.0, 10, gen(1))])
-    width = batch.mask.shape[1]
-    assert batch.step() == [] and len(batch) == 2
-    left = batch.step()
-    assert [len(r.ids) for r in left] == [2] and len(batch) == 1
-    # only the short row remains: the long prompt's columns are gone from its mask and cache
-    assert batch.mask.shape[1] < width and batch.mask.shape[1] == batch.cache.layers[0].keys.shape[2] == 2 + 2  # prompt + two fed tokens
+    dec = Decoder(model, stop_ids=[], pad_id=0)
+    short, long = Request(list(range(3, 80)), 2, 1.0, generator=gen(0)), Request([5, 6], 10, 1.0, generator=gen(1))
+    dec.submit([short, long])
+    assert dec.step() == [] and dec.live == 2
+    assert dec.step() == [short] and dec.live == 1  # left after its 2nd token, before the next forward
+    row = dec.rows.index(None)
+    newcomer = Request([8, 9, 10], 3, 0.0)
+    dec.submit([newcomer])
+    dec.step()
+    assert dec.rows[row] is newcomer  # the next request takes the freed row
+    drive(dec, {})
+    assert long.ids == alone(model, [5, 6], 1, 10)[0] and newcomer.ids == alone(model, [8, 9, 10], 0, 3, 0.0)[0]
 
 
 def test_a_short_reply_is_not_held_back_by_a_long_one(model_and_tokenizer):

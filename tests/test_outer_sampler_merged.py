@@ -13,8 +13,8 @@ from test_outer_loss import sampled_turns
 from ait.outer.backends.local import LocalBackend, LoraMerge
 from ait.outer.backends.loss import completion_logprobs
 from ait.outer.config import OuterConfig
-from ait.outer.sampler import Request, generate_batch
 from ait.outer.types import Trajectory, TrajectoryGroup
+from ait.train.decode import Decoder, Request
 from ait.train.tiny import tiny_model_path
 
 
@@ -155,12 +155,18 @@ def test_a_row_draws_noise_only_while_it_generates(backend: LocalBackend) -> Non
         return g
 
     short, long = [5, 6, 7], [9, 10, 11, 12]
-    first = generate_batch(model, [Request(short, 1.0, 12, gen(1))], 0, set())[0][0]
+
+    def run(requests, stop):
+        dec = Decoder(model, stop_ids=stop, pad_id=0)
+        dec.submit(requests)
+        while dec.busy:
+            dec.step()
+        return requests
+
+    first = run([Request(short, 12, 1.0, generator=gen(1))], set())[0].ids
     stop = {first[2]}  # the short request stops at its third token
-    alone = Request(short, 1.0, 12, gen(1))
-    (ids_alone, lp_alone), = generate_batch(model, [alone], 0, stop)
-    together = [Request(short, 1.0, 12, gen(1)), Request(long, 1.0, 12, gen(2))]
-    (ids_a, lp_a), (ids_b, _) = generate_batch(model, together, 0, stop)
-    assert len(ids_alone) <= 3 and len(ids_b) > len(ids_alone)  # the batch-mate went on after the short one stopped
-    assert ids_a == ids_alone and lp_a == pytest.approx(lp_alone, abs=1e-5)
-    assert torch.equal(together[0].generator.get_state(), alone.generator.get_state())
+    alone, = run([Request(short, 12, 1.0, generator=gen(1))], stop)
+    a, b = run([Request(short, 12, 1.0, generator=gen(1)), Request(long, 12, 1.0, generator=gen(2))], stop)
+    assert len(alone.ids) <= 3 and len(b.ids) > len(alone.ids)  # the batch-mate went on after the short one stopped
+    assert a.ids == alone.ids and a.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+    assert torch.equal(a.generator.get_state(), alone.generator.get_state())

@@ -4,12 +4,22 @@ Each turn renders the conversation with the model's own chat template (the harne
 tools included), samples a reply at `temperature` (no top-k / top-p, so the recorded
 logprobs are exactly those of the distribution sampled from), parses tool calls with the
 template's response parser, and returns the reply with its prompt ids, sampled ids and
-per-token logprobs. When the prompt outgrows the context, the oldest tool results are
-shortened first; if it still does not fit, the episode stops as context_full.
+per-token logprobs.
+
+Sampling goes through the decoding engine (ait.train.decode_batch.SamplingEngine: static KV
+cache, CUDA graphs on a GPU), one engine per loaded model: policies that share a model (the
+episodes of `ait eval`, the outer loop's EnginePolicy) have their replies decoded together,
+each from its own seeded generator, so a reply depends on the seed and the weights only.
+`sampler="generate"` (or a model whose cache the engine cannot hold, e.g. sliding-window
+attention) samples through transformers' `generate` instead, one reply at a time.
+
+When the prompt outgrows the context, the oldest tool results are shortened first; if it
+still does not fit, the episode stops as context_full.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -24,9 +34,13 @@ TRUNCATED = "[older tool result shortened to fit the model's context: {n} charac
 class HFPolicy:
     def __init__(self, model: str, *, temperature: float = 0.7, max_new_tokens: int = 512,
                  max_context: int | None = None, seed: int | None = 0, device: str | None = None,
-                 loaded: tuple[Any, Any] | None = None):
+                 loaded: tuple[Any, Any] | None = None, sampler: str = "engine", engine: Any = None):
         """`loaded` = (model, tokenizer) already in memory (the outer loop's weights): nothing is read
-        from disk and `model` is only the name; the tokenizer must have been through prepare_tokenizer."""
+        from disk and `model` is only the name; the tokenizer must have been through prepare_tokenizer.
+        `engine`: the SamplingEngine to sample through (default: the model's shared one);
+        `sampler="generate"`: transformers' generate instead."""
+        if sampler not in ("engine", "generate"):
+            raise ValueError(f"sampler is engine or generate, not {sampler!r}")
         import torch
 
         if loaded is not None:
@@ -36,7 +50,7 @@ class HFPolicy:
         else:
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            from ait.evals.rollout import prepare_tokenizer
+            from ait.train.chat_format import prepare_tokenizer
             from ait.train.models import resolve_base_model
 
             resolved = resolve_base_model(model)  # tiny, a local directory, or a hub id (safetensors only)
@@ -52,13 +66,28 @@ class HFPolicy:
         self.settings = {"model": model, "path": path, "temperature": temperature,
                          "max_new_tokens": max_new_tokens, "max_context": self.max_context, "seed": seed}
         self.turn = 0
+        if engine is None and sampler == "engine":
+            from ait.train.decode_batch import shared_engine
+
+            engine = shared_engine(self.model, self.tokenizer)
+        self.engine = engine
+        self.settings["sampler"] = "engine" if engine is not None else "generate"
 
     def reset(self, spec: TaskSpec) -> None:
         import torch
 
         self.turn = 0
+        # The same episode samples the same replies: its own generator (the engine), the global one (generate).
+        seed = int(self.seed) if self.seed is not None else int(torch.randint(2**62, ()).item())
+        self.generator = torch.Generator(device=self.model.device)
+        self.generator.manual_seed(seed)
         if self.seed is not None:
-            torch.manual_seed(self.seed)  # the same episode samples the same replies
+            torch.manual_seed(self.seed)
+
+    def _tokenizer_lock(self):
+        """A fast tokenizer is not safe to call from several threads: policies sharing an engine share its lock."""
+        engine = getattr(self, "engine", None)
+        return engine.tokenizer_lock if engine is not None else contextlib.nullcontext()
 
     def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
         self.turn += 1
@@ -74,9 +103,10 @@ class HFPolicy:
         return Message(role="assistant", content=content, tool_calls=calls, usage=usage, tokens=tokens)
 
     def render(self, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(to_template(messages), tools=tools or None, tokenize=False,
-                                                  add_generation_prompt=True)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        with self._tokenizer_lock():
+            text = self.tokenizer.apply_chat_template(to_template(messages), tools=tools or None, tokenize=False,
+                                                      add_generation_prompt=True)
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def fit(self, messages: list[Message], tools: list[dict[str, Any]]) -> tuple[list[int], int]:
         """Prompt ids leaving room for a full reply: shorten tool results oldest first, else stop."""
@@ -99,6 +129,18 @@ class HFPolicy:
         return ids, shortened
 
     def sample(self, prompt_ids: list[int]) -> tuple[list[int], list[float]]:
+        if self.engine is not None:
+            if not hasattr(self, "generator"):
+                self.reset(None)  # type: ignore[arg-type]
+            try:
+                return self.engine.sample(prompt_ids, self.temperature, self.max_new_tokens, self.generator)
+            except NotImplementedError:  # a model whose KV cache the engine cannot hold: generate from now on
+                self.engine = None
+                self.settings["sampler"] = "generate"
+        return self.generate(prompt_ids)
+
+    def generate(self, prompt_ids: list[int]) -> tuple[list[int], list[float]]:
+        """One reply through transformers' generate (the fallback sampler)."""
         import torch
 
         tok = self.tokenizer
@@ -120,6 +162,11 @@ class HFPolicy:
               tools: list[dict[str, Any]]) -> tuple[str, list[ToolCallRequest]]:
         """(content, tool calls) through the template's response parser; tool-call blocks it rejects
         are salvaged as malformed calls, so the harness answers them instead of losing them."""
+        with self._tokenizer_lock():
+            return self._parse(prompt_ids, ids, tools)
+
+    def _parse(self, prompt_ids: list[int], ids: list[int],
+               tools: list[dict[str, Any]]) -> tuple[str, list[ToolCallRequest]]:
         from trl.chat_template_utils import parse_response
 
         parsed = parse_response(self.tokenizer, ids, prefix=prompt_ids, tools=tools or None)

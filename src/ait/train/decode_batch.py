@@ -1,0 +1,165 @@
+"""Sampling one in-memory model for many threads at once, through the decoding engine.
+
+    SamplingEngine   one worker thread owns the model and a Decoder (ait.train.decode); episodes'
+                     requests queue up and are generated together: continuously (a request joins
+                     the running batch at the next decode step and leaves when its reply ends) or
+                     in static batches (requests waiting together decode until the longest ends:
+                     the arrangement the continuous one is measured against); `refresh` swaps in
+                     new weights once the running rows end
+    shared_engine    one SamplingEngine per loaded model, for policies that share a model
+
+Each request brings its own torch.Generator: a reply depends on its seed and the weights, not
+on which other requests shared its batch (a row draws noise only while it generates, so this
+holds from turn to turn too). The recorded logprobs are exactly those of the distribution
+sampled from: the model's logits at the sampling temperature, no top-k / top-p; greedy
+(temperature 0) records logprobs at temperature 1.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+from ait.train.decode import Decoder, Request, bucket_batch
+
+
+def eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Every id that ends a reply: the tokenizer's eos and the generation config's."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured:
+        ids.update(configured)
+    return ids
+
+
+class SamplingEngine:
+    """Owns the sampling model; one worker thread generates the queued requests of all threads."""
+
+    def __init__(self, model: Any, tokenizer: Any, max_batch: int = 16, version: int = 0, continuous: bool = True,
+                 cuda_graphs: bool | None = None):
+        self.model, self.tokenizer, self.max_batch = model, tokenizer, max_batch
+        self.continuous = continuous
+        self.version = version
+        """Optimizer steps of the weights being sampled from."""
+        stop = eos_ids(model, tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
+        # A continuous engine keeps one rows bucket (its max batch): one graph per cache length.
+        self.decoder = Decoder(model, stop_ids=stop, pad_id=self.pad_id, cuda_graphs=cuda_graphs,
+                               max_batch=max_batch, min_rows=bucket_batch(max_batch) if continuous else 1)
+        self.tokenizer_lock = threading.Lock()  # a fast tokenizer is not safe to call from several threads at once
+        self.cond = threading.Condition()  # guards pending, active, paused, closing
+        self.pending: collections.deque[Request] = collections.deque()
+        self.active = 0       # requests handed to the decoder and not finished
+        self.paused = False   # a weight swap waits: admit nothing until the running rows finish
+        self.closing = False
+        self.batches = 0      # groups of requests admitted together (each one prefill)
+        self.tokens = 0
+        self._worker = threading.Thread(target=self._run, name="ait-sampler", daemon=True)
+        self._worker.start()
+
+    @property
+    def stop_ids(self) -> set[int]:
+        return set(self.decoder.stop_ids)
+
+    @stop_ids.setter
+    def stop_ids(self, ids: set[int]) -> None:
+        self.decoder.stop_ids = sorted(ids)
+
+    def sample(self, prompt_ids: list[int], temperature: float, max_new_tokens: int,
+               generator: Any) -> tuple[list[int], list[float]]:
+        if max_new_tokens <= 0:
+            return [], []
+        request = Request(list(prompt_ids), max_new_tokens, temperature, generator=generator, tag=Future())
+        with self.cond:
+            if self.closing:
+                raise RuntimeError("the sampling engine is closed")
+            self.pending.append(request)
+            self.cond.notify_all()
+        return request.tag.result()
+
+    def refresh(self, update: Any, version: int) -> None:
+        """Swap in new weights: `update(model)` copies them in place once no reply is being generated
+        (the running rows finish on the weights they started with; new requests wait). In place:
+        captured CUDA graphs read the same tensors."""
+        with self.cond:
+            self.paused = True
+            self.cond.wait_for(lambda: self.active == 0)
+            try:
+                update(self.model)
+                self.version = version
+            finally:
+                self.paused = False
+                self.cond.notify_all()
+
+    def close(self) -> None:
+        """Serve what is queued, then stop the worker."""
+        with self.cond:
+            self.closing = True
+            self.cond.notify_all()
+
+    def _take(self, room: int) -> list[Request] | None:
+        """Wait for work; return up to `room` queued requests to start ([] while paused or full),
+        or None when closed and drained. Marks them active before letting go of the lock."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.closing or self.active or (self.pending and not self.paused))
+            if self.closing and not self.active and not self.pending:
+                return None
+            taken = []
+            while self.pending and not self.paused and len(taken) < room:
+                taken.append(self.pending.popleft())
+            self.active += len(taken)
+            return taken
+
+    def _finished(self, n: int) -> None:
+        with self.cond:
+            self.active -= n
+            self.cond.notify_all()
+
+    def _run(self) -> None:
+        dec = self.decoder
+        while True:
+            if self.continuous:
+                room = self.max_batch - dec.live - len(dec.waiting)
+            else:
+                room = 0 if dec.busy else self.max_batch
+            new = self._take(room)
+            if new is None:
+                return
+            try:
+                if new:
+                    dec.submit(new)
+                    self.batches += 1
+                done = dec.step() if dec.busy else []
+            except BaseException as e:  # noqa: BLE001 - each waiting request sees the error
+                failed = [r for r in dec.requests() if not r.tag.done()]
+                dec.abort()
+                for r in failed:
+                    r.tag.set_exception(e)
+                self._finished(len(failed))
+                continue
+            for r in done:  # handed out before the next forward pass: an error there cannot lose them
+                if r.error is not None:
+                    r.tag.set_exception(r.error)
+                else:
+                    self.tokens += len(r.ids)
+                    r.tag.set_result((r.ids, r.logprobs))
+            if done:
+                self._finished(len(done))
+
+
+_shared: dict[int, SamplingEngine] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_engine(model: Any, tokenizer: Any, max_batch: int = 16) -> SamplingEngine:
+    """The one SamplingEngine of `model` (created on first use): policies that share a loaded model
+    share its engine, so their episodes' replies are decoded together."""
+    with _shared_lock:
+        engine = _shared.get(id(model))
+        if engine is None or engine.model is not model or engine.closing:
+            engine = _shared[id(model)] = SamplingEngine(model, tokenizer, max_batch=max_batch)
+        return engine
