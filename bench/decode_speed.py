@@ -1,10 +1,12 @@
-"""Sampling speed: transformers' generate against ait.train.decode (eager and CUDA-graph), and
-transformers' SDPA attention against ait.train.attention.grouped_sdpa (no KV-head copies) in the
-graph decoder.
+"""Sampling speed: transformers' generate against the decoding engine (ait.train.decode: its batch
+API `Decoder.generate`, as training rollouts and the hidden eval use it, and its continuous API,
+as the agent sampler uses it; eager and CUDA-graph), and transformers' SDPA attention against
+ait.train.attention.grouped_sdpa (no KV-head copies) in the graph decoder.
 
-    python bench/decode_speed.py --model smollm2-135m [--batch 64] [--new-tokens 128]
+    python bench/decode_speed.py --model smollm2-135m [--batch 64] [--new-tokens 128] [--json PATH]
+    python bench/decode_speed.py --smoke          # CPU: the tiny model, a few rows and tokens
 
-Same prompts, same greedy decoding: prints tokens/s of each variant, the ratios, and
+Same prompts, same greedy decoding: prints tokens/s of each variant, the ratios to generate, and
 whether the greedy outputs agree (bf16 numerics may flip a near-tie late in a row).
 """
 
@@ -16,9 +18,8 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ait.evals.rollout import prepare_tokenizer
 from ait.train.attention import grouped_attention_name
-from ait.train.decode import Decoder
+from ait.train.decode import Decoder, Request
 from ait.train.models import resolve_base_model
 
 
@@ -38,11 +39,17 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--json", default=None, help="also write the figures to this file")
+    p.add_argument("--smoke", action="store_true", help="the tiny model, 4 rows, 16 tokens (a CPU check)")
     args = p.parse_args()
+    if args.smoke:
+        args.model, args.batch, args.new_tokens = "tiny", 4, 16
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     path = resolve_base_model(args.model).path
-    tok = prepare_tokenizer(AutoTokenizer.from_pretrained(path))
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     texts = [tok.apply_chat_template([{"role": "user", "content": f"Count from {i} to {i + 40}, one per line."}],
                                      tokenize=False, add_generation_prompt=True) for i in range(args.batch)]
@@ -64,19 +71,39 @@ def main() -> None:
             print(f"  (graph capture and first call: {capture:.2f}s)")
         return lambda: [s.ids for s in dec.generate(prompts, args.new_tokens)]
 
+    def continuous_run(graphs: bool):
+        """The same prompts as requests of a continuous server (min_rows = the batch, read every step)."""
+        dec = Decoder(model, stop_ids=never, pad_id=tok.pad_token_id, cuda_graphs=graphs, min_rows=args.batch)
+
+        def go(n):
+            requests = [Request(p, n) for p in prompts]
+            dec.submit(requests)
+            while dec.busy:
+                dec.step()
+            return [r.ids for r in requests]
+        go(8)  # capture
+        return lambda: go(args.new_tokens)
+
     grouped = grouped_attention_name()
-    variants = [("hf_generate", "sdpa", None), ("decode_eager", "sdpa", False), ("decode_eager_grouped", grouped, False)]
+    variants = [("hf_generate", "sdpa", None), ("decode_eager", "sdpa", False), ("decode_eager_grouped", grouped, False),
+                ("continuous_eager_grouped", grouped, "continuous_eager")]
     if device.type == "cuda":
-        variants += [("decode_graphs", "sdpa", True), ("decode_graphs_grouped", grouped, True)]
+        variants += [("decode_graphs", "sdpa", True), ("decode_graphs_grouped", grouped, True),
+                     ("continuous_graphs_grouped", grouped, "continuous_graphs")]
     results = {}
     for name, attention, graphs in variants:
         # The attention function is looked up from the config at each forward: switch it in place.
         model.config._attn_implementation = attention
-        fn = hf if graphs is None else decoder_run(graphs)
+        if isinstance(graphs, str):
+            fn = continuous_run(graphs == "continuous_graphs")
+        else:
+            fn = hf if graphs is None else decoder_run(graphs)
         fn()  # warm-up
         out, secs = timed(fn, device)
         results[name] = (out, secs)
         print(f"{name:22s} {secs:7.3f}s  {args.batch * args.new_tokens / secs:10.0f} tokens/s")
+    best = min((secs, name) for name, (_, secs) in results.items() if name != "hf_generate")
+    print(f"engine / generate: x{results['hf_generate'][1] / best[0]:.2f} tokens/s ({best[1]})")
     if "decode_graphs" in results:
         print(f"grouped attention / sdpa, graph decoder: "
               f"x{results['decode_graphs'][1] / results['decode_graphs_grouped'][1]:.2f} tokens/s")
@@ -96,7 +123,9 @@ def main() -> None:
         Path(args.json).write_text(json.dumps({"model": args.model, "batch": args.batch,
                                                "new_tokens": args.new_tokens, "device": str(device),
                                                "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
-                                               "torch": torch.__version__, "variants": rows}, indent=2))
+                                               "torch": torch.__version__, "best_engine": best[1],
+                                               "engine_vs_generate": results["hf_generate"][1] / best[0],
+                                               "variants": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,15 +1,19 @@
-"""Outer-loop sampling speed: the local backend's sampling model as it was (a deepcopy of the peft
-model, each adapted layer running its LoRA path) against as it is (a plain copy with the adapter
-merged into its weights), same model, same adapter, same batch, one run.
+"""Outer-loop sampling speed, one run, same batch: the local backend's sampling model as it was (a
+deepcopy of the peft model, each adapted layer running its LoRA path) against as it is (a plain
+copy with the adapter merged into its weights), both through the decoding engine; and the merged
+model through the engine against transformers' `generate` (what HFPolicy sampled with before).
 
-    python bench/outer_sampler_speed.py [--model tiny] [--batch 16] [--tokens 64] [--lora-r 32]
+    python bench/outer_sampler_speed.py [--model tiny] [--batch 16] [--tokens 64] [--lora-r 32] [--json PATH]
     python bench/outer_sampler_speed.py --like qwen2.5-0.5b   # random weights of that shape, no download
+    python bench/outer_sampler_speed.py --smoke               # CPU: the tiny model, 4 rows, 8 tokens
 
-Both go through ait.outer.sampler.generate_batch (the SamplingEngine's decode loop) with random
-prompts, temperature 1, per-row seeded generators and no stop token, so every row decodes
---tokens tokens. Decode tokens/s = rows x (tokens - 1) / (time of the whole batch - time of a
-1-token batch, i.e. the prefill). Prints each arrangement's figures, the ratio, and how far the
-two agree (same seeds: same tokens up to rounding; logprob gap on the common prefix).
+The engine runs as the SamplingEngine drives it (ait.train.decode.Decoder, continuous API, CUDA
+graphs on a GPU) with random prompts, temperature 1, per-row seeded generators and no stop
+token, so every row decodes --tokens tokens; generate samples the same batch (left-padded,
+temperature 1, exactly --tokens tokens). Decode tokens/s = rows x (tokens - 1) / (time of the
+whole batch - time of a 1-token batch, i.e. the prefill). Prints each arrangement's figures,
+the ratios, and how far peft_copy and merged agree (same seeds: same tokens up to rounding;
+logprob gap on the common prefix).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import torch
 
 from ait.outer.backends.local import LocalBackend
 from ait.outer.config import OuterConfig
-from ait.outer.sampler import Request, generate_batch
+from ait.train.decode import Decoder, Request
 
 # Random-weight stand-ins of known shapes (decode speed depends on the shape, not the weights).
 SHAPES = {
@@ -60,18 +64,41 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run(model, prompts: list[list[int]], tokens: int, pad_id: int, seed: int) -> tuple[float, list]:
-    device = model.device
+def run(decoder, prompts: list[list[int]], tokens: int, pad_id: int, seed: int) -> tuple[float, list]:
+    device = decoder.model.device
     requests = []
     for i, p in enumerate(prompts):
         g = torch.Generator(device=device)
         g.manual_seed(seed + i)
-        requests.append(Request(p, 1.0, tokens, g))
+        requests.append(Request(p, tokens, 1.0, generator=g))
     sync(device)
     t = time.perf_counter()
-    out = generate_batch(model, requests, pad_id, set())
+    decoder.submit(requests)
+    while decoder.busy:
+        decoder.step()
     sync(device)
-    return time.perf_counter() - t, out
+    return time.perf_counter() - t, [(r.ids, r.logprobs) for r in requests]
+
+
+GENERATE = object()  # a marker: sample with transformers' generate
+
+
+def run_generate(model, prompts: list[list[int]], tokens: int, pad_id: int) -> tuple[float, list]:
+    device = model.device
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    sync(device)
+    t = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                             max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=pad_id)
+    sync(device)
+    return time.perf_counter() - t, [(row, []) for row in out[:, width:].tolist()]
 
 
 def main() -> None:
@@ -85,7 +112,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each; the fastest counts")
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--smoke", action="store_true", help="the tiny model, 4 rows, 8 tokens, prompt 32, one repeat")
     args = ap.parse_args()
+    if args.smoke:
+        args.model, args.like, args.batch, args.tokens, args.prompt, args.repeats = "tiny", None, 4, 8, 32, 1
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     with tempfile.TemporaryDirectory() as tmp:
@@ -122,16 +152,23 @@ def bench(backend: LocalBackend, args: argparse.Namespace) -> None:
     gen = torch.Generator().manual_seed(2)
     prompts = [torch.randint(3, vocab, (args.prompt,), generator=gen).tolist() for _ in range(args.batch)]
     pad = backend.engine.pad_id
-    models = {"peft_copy": old, "merged": merged}
-    for m in models.values():  # warm up (allocator, kernels' first launches)
-        run(m, prompts, 4, pad, 0)
+    models = {"peft_copy": Decoder(old, stop_ids=[], pad_id=pad, max_batch=args.batch, min_rows=args.batch),
+              "merged": Decoder(merged, stop_ids=[], pad_id=pad, max_batch=args.batch, min_rows=args.batch),
+              "merged_generate": GENERATE}
+    for m in models.values():  # warm up (allocator, kernels' first launches, the engine's graph capture)
+        if m is GENERATE:
+            run_generate(merged, prompts, 4, pad)
+        else:
+            run(m, prompts, args.tokens, pad, 0)
     full: dict[str, list[float]] = {k: [] for k in models}
     prefill: dict[str, list[float]] = {k: [] for k in models}
     outputs = {}
     for _ in range(args.repeats):  # alternate so that drift in a shared machine hits both alike
         for k, m in models.items():
-            prefill[k].append(run(m, prompts, 1, pad, 0)[0])
-            seconds, outputs[k] = run(m, prompts, args.tokens, pad, 0)
+            go = (lambda n: run_generate(merged, prompts, n, pad)) if m is GENERATE else (
+                lambda n, m=m: run(m, prompts, n, pad, 0))
+            prefill[k].append(go(1)[0])
+            seconds, outputs[k] = go(args.tokens)
             full[k].append(seconds)
     results = {}
     for k in models:
@@ -153,13 +190,18 @@ def bench(backend: LocalBackend, args: argparse.Namespace) -> None:
               f"(prefill {r['prefill_s']:.3f} s, whole batch {r['total_s']:.3f} s)")
     ratio = results["merged"]["decode_tok_s"] / results["peft_copy"]["decode_tok_s"]
     print(f"  merged / peft_copy decode speed: {ratio:.2f}x")
+    vs_generate = results["merged"]["decode_tok_s"] / results["merged_generate"]["decode_tok_s"]
+    whole_vs_generate = results["merged_generate"]["total_s"] / results["merged"]["total_s"]
+    print(f"  engine / generate (merged model): {vs_generate:.2f}x decode speed, {whole_vs_generate:.2f}x whole batch")
     total = sum(len(ids) for ids, _ in outputs["merged"])
     print(f"  agreement: {same}/{total} tokens identical before the first difference per row; "
           f"max |logprob gap| there {max(gaps, default=0.0):.2e}, mean {sum(gaps) / max(len(gaps), 1):.2e}")
     if args.json:
         Path(args.json).write_text(json.dumps({"model": name, "dtype": dtype, "device": str(device),
                                                "batch": args.batch, "tokens": args.tokens, "prompt": args.prompt,
-                                               "lora_r": args.lora_r, "ratio": ratio, "results": results,
+                                               "lora_r": args.lora_r, "ratio": ratio, "engine_vs_generate": vs_generate,
+                                               "engine_vs_generate_whole_batch": whole_vs_generate,
+                                               "results": results,
                                                "same_tokens": same, "total_tokens": total,
                                                "max_logprob_gap": max(gaps, default=0.0)}, indent=2) + "\n")
 
