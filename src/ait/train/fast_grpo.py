@@ -10,7 +10,9 @@ checkpoint and TrainOutput. What makes it fast on a GPU:
     LoRA adapters.
 
 The loss is TRL's: clipped importance ratio against the policy that sampled (exactly 1 when
-num_iterations = 1), optional k3 KL to the base model (beta), aggregated per loss_type.
+num_iterations = 1), optional k3 KL to the base model (beta) weighted by that ratio, logprobs
+of temperature-scaled logits, aggregated per loss_type (tests/test_loss_parity.py checks it
+against the installed TRL for every loss_type, scale_rewards, beta and epsilon).
 """
 
 from __future__ import annotations
@@ -130,9 +132,12 @@ def advantages(rewards: torch.Tensor, group: int, scale: str) -> torch.Tensor:
     return adv.reshape(-1)
 
 
-def score_batch(model, batch: list[Rollout], device: torch.device, autocast) -> tuple[torch.Tensor, torch.Tensor]:
+def score_batch(model, batch: list[Rollout], device: torch.device, autocast,
+                temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token logprobs of each rollout's post-prompt tokens (left-padded to a common width)
-    and the matching sampled-token mask; logits are computed only for post-prompt positions."""
+    and the matching sampled-token mask; logits are computed only for post-prompt positions.
+    The logits are divided by the sampling temperature first, as TRL's GRPOTrainer does: the
+    policy trained on (and its ratio and KL) is the distribution the rollouts were sampled from."""
     width = max(len(r.ids) for r in batch)
     tail = max(len(r.ids) - r.prompt_len for r in batch)  # post-prompt tokens, right-aligned
     ids = torch.zeros(len(batch), width, dtype=torch.long)
@@ -155,7 +160,7 @@ def score_batch(model, batch: list[Rollout], device: torch.device, autocast) -> 
         logits = model(input_ids=ids, attention_mask=mask4d[:, None], position_ids=position, use_cache=False,
                        logits_to_keep=tail + 1).logits[:, :-1, :]
     targets = ids[:, width - tail:]
-    logprobs = torch.log_softmax(logits.float(), dim=-1).gather(2, targets[..., None])[..., 0]
+    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1).gather(2, targets[..., None])[..., 0]
     return logprobs.masked_fill(~mask, 0.0), mask
 
 
@@ -181,7 +186,7 @@ def policy_loss(model, rollouts: list[Rollout], adv: torch.Tensor, train: TrainC
     stats = {"loss": 0.0, "clip_ratio": 0.0, "kl": 0.0}
     for group in microbatches(rollouts, microbatch_tokens(model.config.vocab_size, device)):
         batch = [rollouts[i] for i in group]
-        logprobs, mask = score_batch(model, batch, device, autocast)
+        logprobs, mask = score_batch(model, batch, device, autocast, train.temperature)
         a = adv[group].to(device)[:, None]
         old_lp = torch.stack([_pad_to(old[i], logprobs.shape[1]) for i in group]) if old else logprobs.detach()
         ratio = torch.exp(logprobs - old_lp)
@@ -190,15 +195,21 @@ def policy_loss(model, rollouts: list[Rollout], adv: torch.Tensor, train: TrainC
         if train.beta > 0 and ref is not None:
             ref_lp = torch.stack([_pad_to(ref[i], logprobs.shape[1]) for i in group])
             kl = torch.exp(ref_lp - logprobs) - (ref_lp - logprobs) - 1
+            # Times the importance ratio, as TRL does by default (GRPOConfig.use_bias_correction_kl):
+            # the unbiased reverse-KL gradient. The ratio's value is 1 on the first pass over a batch,
+            # but it is differentiable, so it changes the gradient there too (by kl * grad logprob).
+            kl = kl * ratio
             per_token = per_token + train.beta * kl
-            stats["kl"] += float((kl * mask).sum()) / total_tokens
+            stats["kl"] += float((kl.detach() * mask).sum()) / total_tokens  # as TRL logs it: times the ratio
         per_token = torch.where(mask, per_token, 0.0)  # masked positions contribute exactly nothing
         m = mask.float()
         if train.loss_type == "grpo":
             loss = ((per_token * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)).sum() / n
         elif train.loss_type == "dr_grpo":
             loss = (per_token * m).sum() / (n * train.max_completion_length)
-        else:  # dapo, bnpo: every sampled token in the batch weighs the same
+        else:  # dapo, bnpo: every sampled token in the batch weighs the same. TRL's bnpo divides by the
+            # tokens of its micro-batch and dapo by those of the generation batch; ait.train.grpo gives TRL one
+            # micro-batch per step (whole batch per device, no accumulation), so in TRL too they are one loss.
             loss = (per_token * m).sum() / total_tokens
         if not torch.isfinite(loss):  # diagnosed, not hidden: the step will be skipped (see train)
             print(json.dumps({"nonfinite_loss": True, "rows": len(batch), "width": max(len(r.ids) for r in batch),
@@ -215,14 +226,15 @@ def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def reference_logprobs(model, rollouts: list[Rollout], device, autocast, use_base: bool) -> dict[int, torch.Tensor]:
+def reference_logprobs(model, rollouts: list[Rollout], device, autocast, use_base: bool,
+                       temperature: float = 1.0) -> dict[int, torch.Tensor]:
     """Per-rollout logprobs of post-prompt tokens under the current (or, with use_base, the
     adapter-free base) weights: num_iterations > 1 needs the former, beta > 0 the latter."""
     ctx = model.disable_adapter() if use_base and hasattr(model, "disable_adapter") else nullcontext()
     out = {}
     with ctx:
         for group in microbatches(rollouts, microbatch_tokens(model.config.vocab_size, device)):
-            logprobs, _ = score_batch(model, [rollouts[i] for i in group], device, autocast)
+            logprobs, _ = score_batch(model, [rollouts[i] for i in group], device, autocast, temperature)
             for row, i in enumerate(group):
                 n = len(rollouts[i].ids) - rollouts[i].prompt_len
                 out[i] = logprobs[row, logprobs.shape[1] - n:].detach()
@@ -279,8 +291,10 @@ def train(job: Job, base_model_path: str, sampling_dtype: torch.dtype | None = N
         rewards = torch.tensor([sum(w * v[j] for w, v in zip(weights, per_fn)) for j in range(len(rollouts))])
         adv = advantages(rewards, cfg.num_generations, cfg.scale_rewards)
         model.train()
-        ref = reference_logprobs(model, rollouts, device, autocast, use_base=True) if cfg.beta > 0 else None
-        old = reference_logprobs(model, rollouts, device, autocast, use_base=False) if cfg.num_iterations > 1 else None
+        ref = (reference_logprobs(model, rollouts, device, autocast, use_base=True, temperature=cfg.temperature)
+               if cfg.beta > 0 else None)
+        old = (reference_logprobs(model, rollouts, device, autocast, use_base=False, temperature=cfg.temperature)
+               if cfg.num_iterations > 1 else None)
         stats: dict[str, float] = {}
         for _ in range(cfg.num_iterations):
             opt.zero_grad(set_to_none=True)
