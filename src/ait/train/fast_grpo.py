@@ -24,8 +24,10 @@ import os
 import random
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -59,17 +61,28 @@ def microbatch_tokens(vocab: int, device: torch.device | None = None, budget: in
     return min(tokens, 2048) if device is not None and device.type == "cpu" else tokens
 
 
-def load_policy(base_model_path: str, train: TrainConfig, device: torch.device):
-    """(model, tokenizer). LoRA: bf16 base on GPU, fp32 adapters; full: fp32 master weights."""
+def load_policy(base_model_path: str, train: TrainConfig, device: torch.device,
+                timeline: dict[str, float] | None = None):
+    """(model, tokenizer). LoRA: bf16 base on GPU, fp32 adapters; full: fp32 master weights.
+    `timeline` receives the seconds of each part (train/load/<part> metrics)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ait.evals.rollout import prepare_tokenizer
 
+    timeline = {} if timeline is None else timeline
+    t = time.monotonic()
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(base_model_path))
+    timeline["tokenizer"] = time.monotonic() - t
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if (cuda and train.lora is not None) else torch.float32
+    t = time.monotonic()
+    # Straight onto the device (device_map): no CPU copy of the weights first, then a second one.
     model = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=dtype, use_safetensors=True,
-                                                 attn_implementation=grouped_attention_name()).to(device)
+                                                 device_map=device if cuda else None,
+                                                 attn_implementation=grouped_attention_name())
+    if not cuda:
+        model = model.to(device)
+    timeline["weights"] = time.monotonic() - t
     if train.lora is not None:
         from peft import LoraConfig, get_peft_model
 
@@ -254,16 +267,26 @@ def train(job: Job, base_model_path: str, sampling_dtype: torch.dtype | None = N
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    t_load = time.monotonic()
-    model, tokenizer = load_policy(base_model_path, cfg, device)
     if cfg.beta > 0 and cfg.lora is None:
         raise ValueError("beta > 0 needs a reference model: use [train.lora] (the base is the reference)")
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
-    opt, sched = make_optimizer(model, cfg)
-    sampler = SamplingCopy(model, sampling_dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32))
-    decoder = Decoder(sampler.model, stop_ids=stop_ids(tokenizer, model), pad_id=tokenizer.pad_token_id)
-    max_length = int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
-    rows = build_rows(surface, cfg)
+    t_load = time.monotonic()
+    timeline: dict[str, float] = {}
+    # env.py's dataset is built while the weights load (file reads and device copies release the GIL).
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        rows_future = pool.submit(_timed, build_rows, surface, cfg)
+        model, tokenizer = load_policy(base_model_path, cfg, device, timeline)
+        t = time.monotonic()
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+        opt, sched = make_optimizer(model, cfg)
+        timeline["optimizer"] = time.monotonic() - t
+        t = time.monotonic()
+        sampler = SamplingCopy(model, sampling_dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32))
+        decoder = Decoder(sampler.model, stop_ids=stop_ids(tokenizer, model), pad_id=tokenizer.pad_token_id)
+        timeline["sampling_copy"] = time.monotonic() - t
+        max_length = int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
+        t = time.monotonic()
+        rows, timeline["dataset"] = rows_future.result()
+        timeline["dataset_wait"] = time.monotonic() - t
     load_seconds = time.monotonic() - t_load
 
     reward_errors: dict[str, int] = {}
@@ -335,10 +358,16 @@ def train(job: Job, base_model_path: str, sampling_dtype: torch.dtype | None = N
                     "train/save_seconds": time.monotonic() - t_save,
                     "train/graphs_captured": float(decoder.stats["graphs_captured"]),
                     "train/skipped_nonfinite_steps": float(skipped)})
+    metrics.update({f"train/load/{k}_seconds": v for k, v in timeline.items()})
     if device.type == "cuda":
         metrics["train/peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
     metrics.update({f"train/reward_errors/{k}": float(v) for k, v in reward_errors.items()})
     return TrainOutput(checkpoint=str(checkpoint), train_seconds=train_seconds, steps=len(history), metrics=metrics)
+
+
+def _timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
+    t = time.monotonic()
+    return fn(*args), time.monotonic() - t
 
 
 def save_checkpoint(model, path: Path, device: torch.device) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,6 +29,24 @@ def is_cuda_fault(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and str(error).startswith("CUDA error")
 
 
+def warm_cuda() -> None:
+    """Create the CUDA context in a background thread while the trainer's imports run (both take
+    seconds; the context is what the first `.to("cuda")` would otherwise wait for). A failure here
+    is left for the trainer's own first CUDA call to raise, where it is classified."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+
+    def init() -> None:
+        try:
+            torch.empty(1, device="cuda")
+        except Exception:  # noqa: BLE001 - reported by the trainer's first CUDA call instead
+            pass
+
+    threading.Thread(target=init, name="ait-cuda-init", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     request = TrainRequest.model_validate_json(Path(argv[0]).read_text())
@@ -38,6 +57,7 @@ def main(argv: list[str]) -> int:
     except GpuMissing as e:
         print(f"ait: {e}", file=sys.stderr)
         return EXIT_NO_GPU
+    warm_cuda()
     try:
         if request.trainer == "trl":
             from ait.train.grpo import train
