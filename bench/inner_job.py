@@ -70,8 +70,7 @@ def task_path(family: str, out: Path, args) -> Path:
     task = ROOT / "examples" / "tasks" / f"{family}.json"
     if not args.calibration:
         return task
-    from ait.families import build_spec
-    from ait.spec import load_spec
+    from ait.spec import build_spec, load_spec
 
     chosen = json.loads(Path(args.calibration).read_text())["families"][family]["chosen"]["difficulty"]
     spec = load_spec(task)
@@ -99,7 +98,9 @@ def figures(r: JobResult, args) -> dict:
                      "train_load_s": m.get("train/load_seconds"), "train_loop_s": train_s,
                      "save_s": m.get("train/save_seconds"), "in_process_s": m.get("train/in_process_seconds"),
                      "eval_load_s": m.get("eval/load_s"), "eval_waited_s": m.get("eval/waited_s"),
-                     "post_eval_s": m.get("eval/post_s")},
+                     "post_eval_s": m.get("eval/post_s"),
+                     # the load's parts (train/load/<part>_seconds; absent in code before they were metered)
+                     **{k.removeprefix("train/load/"): v for k, v in m.items() if k.startswith("train/load/")}},
         "gen_tokens_per_s": (tokens / train_s) if tokens and train_s else None,
         "peak_gpu_gb": m.get("train/peak_gpu_memory_gb"), "pre": r.pre, "post": r.post,
         "uplift": (r.post - r.pre) if r.ok and r.pre is not None and r.post is not None else None,
@@ -133,9 +134,12 @@ def save_partial(args, key: str, value: dict) -> None:
 def run_side_by_side(args, out: Path) -> dict:
     rows = {}
     several = any(len(family_lrs(args, f)) > 1 for f in args.family)
-    jobs = {f"{family}/{trainer}" + (f"/lr{lr:g}" if several else ""):
-            standard_job(family, args.model, trainer, out, args, tag=f"-lr{lr:g}" if several else "", lr=lr)
-            for family in args.family for trainer in args.trainers for lr in family_lrs(args, family)}
+    repeats = [""] if args.repeat == 1 else [f"#{i + 1}" for i in range(args.repeat)]
+    jobs = {f"{family}/{trainer}" + (f"/lr{lr:g}" if several else "") + rep:
+            standard_job(family, args.model, trainer, out, args,
+                         tag=(f"-lr{lr:g}" if several else "") + rep.replace("#", "-r"), lr=lr)
+            for family in args.family for trainer in args.trainers for lr in family_lrs(args, family)
+            for rep in repeats}
     if args.parallel:  # uplift runs: every job at once on one GPU (timings are then not comparable)
         executor = LocalExecutor(slot_envs(len(jobs), [args.gpu], jobs_per_gpu=len(jobs)))
         results: dict[str, JobResult] = {}
@@ -298,7 +302,13 @@ def main() -> int:
     p.add_argument("--parallel", action="store_true", help="run the families' jobs at once (uplift, not timing)")
     p.add_argument("--out", default=None, help="work directory (default: a temp dir)")
     p.add_argument("--json", default=None, help="write all figures to this JSON file")
+    p.add_argument("--repeat", type=int, default=1, help="run each standard job this many times, one after "
+                   "another (with --warm-start: the first pays the zygote's start, the rest fork from it)")
+    p.add_argument("--warm-start", action="store_true", help="fork training processes from per-slot zygotes "
+                   "(AIT_WARM_START=1, ait.compute.warm); the first job of each slot starts it")
     args = p.parse_args()
+    if args.warm_start:
+        os.environ["AIT_WARM_START"] = "1"
     args.family = args.family or ["calc_chain"]
     args.trainers = [t.strip() for t in args.trainers.split(",") if t.strip()]
     args.lr = [float(x) for x in args.lr.split(",") if x.strip()]

@@ -39,6 +39,9 @@ def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite qu
                                                                           "after this many seconds."),
            poll: float = typer.Option(0.05, min=0.001, help="Seconds between polls of an idle queue."),
            ray_address: str | None = typer.Option(None, help="Ray cluster to join (default: a private local Ray)."),
+           warm_start: bool = typer.Option(False, "--warm-start", help="Fork each job's training process from a "
+                                           "per-slot interpreter that has imported torch and transformers once "
+                                           "(same sandbox layers; AIT_WARM_START=1)."),
            ) -> None:
     """Serve jobs from the queue: train, evaluate, report results.
 
@@ -47,6 +50,13 @@ def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite qu
     from ait.compute.local import LocalLauncher, detect_gpus, parse_gpus, slot_envs
     from ait.compute.worker import WorkerEvent, WorkerOptions, WorkerStats, serve
     from ait.queue import JobQueue, QueueError
+
+    if warm_start:
+        import os
+
+        from ait.compute.warm import WARM_START_ENV
+
+        os.environ[WARM_START_ENV] = "1"  # run_job reads it; Ray workers inherit it from this process
 
     try:
         q = JobQueue(queue, lease_s=lease, max_attempts=max_attempts, must_exist=not create)

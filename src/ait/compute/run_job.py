@@ -25,7 +25,16 @@ from ait.compute import processes
 from ait.evals.runner import EvalFailed, eval_request, finish_eval, model_read_paths, start_eval
 from ait.job.types import FailReason, Job, JobResult
 from ait.safe_io import UnsafeFile, read_json_model, write_new_file
-from ait.sandbox import Limits, RunOutcome, SandboxPolicy, SandboxUnavailable, gpu_settings, start_untrusted
+from ait.compute.warm import train_zygote
+from ait.sandbox import (
+    Limits,
+    RunOutcome,
+    SandboxPolicy,
+    SandboxUnavailable,
+    gpu_settings,
+    run_untrusted,
+    start_untrusted,
+)
 from ait.spec import load_spec
 from ait.train.models import ModelResolutionError, resolve_base_model
 from ait.train.request import EXIT_GPU_FAULT, EXIT_NO_GPU, EXIT_OOM, TrainOutput, TrainRequest
@@ -120,11 +129,17 @@ def run_job(job: Job, extra_env: dict[str, str] | None = None) -> JobResult:
         return JobResult(ok=False, fail_reason=FailReason.infra, error=f"not run: {e}", **base)
     processes.track(job.job_id, evaluator.pid)
     try:
-        trainer = start_untrusted(["-m", "ait.train.main", str(request_path)], cwd=job_dir,
-                                  log_path=logs / "train.log",
-                                  policy=train_policy(job, model.path, job_dir, extra_env), env=extra_env)
-        processes.track(job.job_id, trainer.pid)
-        outcome = trainer.finish(job.time_budget_s * job.kill_factor)
+        args, policy = ["-m", "ait.train.main", str(request_path)], train_policy(job, model.path, job_dir, extra_env)
+        timeout_s = job.time_budget_s * job.kill_factor
+        zygote = train_zygote()
+        if zygote is not None:  # forked from this slot's warm interpreter (ait.compute.warm)
+            processes.track(job.job_id, zygote.start())
+            outcome = run_untrusted(args, cwd=job_dir, timeout_s=timeout_s, log_path=logs / "train.log",
+                                    policy=policy, env=extra_env, zygote=zygote)
+        else:
+            trainer = start_untrusted(args, cwd=job_dir, log_path=logs / "train.log", policy=policy, env=extra_env)
+            processes.track(job.job_id, trainer.pid)
+            outcome = trainer.finish(timeout_s)
         return _score(job, job_dir, outcome, evaluator, req, eval_dir, start, base)
     except SandboxUnavailable as e:
         return JobResult(ok=False, fail_reason=FailReason.infra, error=f"not run: {e}", **base)

@@ -170,8 +170,10 @@ def run_untrusted(args: list[str], *, cwd: str | Path, timeout_s: float, log_pat
                 count_user_processes() + policy.limits.processes
             plan = LaunchPlan(policy=policy, layers=layers, paths=plan_paths(policy), cgroups=groups,
                               nproc_limit=nproc)
-            reply = zygote.run(plan, args[1], args[2:], cwd=str(cwd), env=scrubbed_env(Path(policy.write[0]), env),
-                               log_path=str(log_path), timeout_s=timeout_s)
+            child_env = scrubbed_env(Path(policy.write[0]), {**(env or {}),
+                                                             **({"AIT_EXPECT_GPU": "1"} if policy.gpu else {})})
+            reply = zygote.run(plan, args[1], args[2:], cwd=str(cwd), env=child_env, log_path=str(log_path),
+                               timeout_s=timeout_s)
             events = cgroup.oom_events(groups)
             return RunOutcome(reply["returncode"], reply["timed_out"], reply["seconds"], reply.get("log_tail", ""),
                               **events)

@@ -52,6 +52,13 @@ class Zygote:
                                          start_new_session=True)
         return self.proc
 
+    def start(self) -> int:
+        """Start the zygote now (its imports run while the caller does other work); returns its pid,
+        which is also its process group: killing that group kills the zygote, and its running
+        child with it (the child dies with its parent)."""
+        with self.lock:
+            return self._start().pid
+
     def run(self, plan: LaunchPlan, module: str, argv: list[str], *, cwd: str, env: dict[str, str],
             log_path: str, timeout_s: float) -> dict:
         """Fork a child that runs `python -m module argv...` under `plan`; returns
@@ -60,13 +67,24 @@ class Zygote:
                    "log_path": log_path, "timeout_s": timeout_s}
         with self.lock:
             proc = self._start()
+            start = time.monotonic()
             try:
                 proc.stdin.write(json.dumps(request) + "\n")
                 proc.stdin.flush()
                 line = proc.stdout.readline()
                 return json.loads(line)
             except (OSError, ValueError) as e:
+                try:
+                    status = proc.wait(timeout=5)  # gone (EOF), or answered nonsense and is killed below
+                except subprocess.TimeoutExpired:
+                    status = None
                 self.close()
+                if status is not None and status < 0:
+                    # Killed by a signal (a job killed through its process group, which is the
+                    # zygote's): its child died with it. That is the job's end, not a reason to
+                    # run it again cold.
+                    return {"returncode": status, "timed_out": False, "seconds": time.monotonic() - start,
+                            "log_tail": f"killed by signal {-status} (with its warm-start zygote)"}
                 raise ZygoteError(f"zygote failed: {e}") from None
 
     def close(self) -> None:
@@ -90,6 +108,7 @@ def _child(req: dict, write_fd: int) -> None:
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
+        _apply_thread_count()
         apply(LaunchPlan.model_validate(req["plan"]))
         sys.argv = [req["module"], *req["argv"]]
         runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
@@ -100,10 +119,30 @@ def _child(req: dict, write_fd: int) -> None:
         traceback.print_exc()
     finally:
         try:
+            atexit._run_exitfuncs()  # as a cold interpreter would at exit (os._exit below skips them)
+        except BaseException:  # noqa: BLE001 - an exit handler's failure is the child's, already logged
+            pass
+        try:
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _apply_thread_count() -> None:
+    """OpenMP read OMP_NUM_THREADS when torch was imported in the zygote: a child's own share
+    (the executor sets it per job) reaches torch only through set_num_threads."""
+    torch = sys.modules.get("torch")
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+
+
+def _check_fork_safe() -> None:
+    """A CUDA context does not survive fork: a preload that created one would break every child."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise SystemExit("ait zygote: CUDA was initialised while preloading; children could not use the GPU")
 
 
 def _serve_one(req: dict) -> dict:
@@ -138,6 +177,7 @@ def main(preload: list[str]) -> None:
         module = importlib.import_module(name)
         if hasattr(module, "zygote_warmup"):
             module.zygote_warmup()
+    _check_fork_safe()
     for line in sys.stdin:
         reply = _serve_one(json.loads(line))
         sys.stdout.write(json.dumps(reply) + "\n")

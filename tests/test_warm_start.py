@@ -1,0 +1,90 @@
+"""Warm starts (AIT_WARM_START=1): training processes forked from a per-slot zygote.
+
+The same jobs as a cold start must train, fail and be contained the same way: a good job
+trains twice from one zygote (the second skips the imports), hostile env.py attacks meet the
+same refusals, a killed job takes the zygote with it and the next job gets a fresh one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ait.compute import processes, warm
+from ait.compute.run_job import run_job
+from ait.compute.worker import run_worker
+from ait.home import hidden_secret
+from ait.job.types import FailReason
+from ait.queue import JobQueue
+from ait.sandbox.detect import cached_capabilities
+from tests.test_hostile_jobs import attacks, loopback_server, make_job  # noqa: F401 - the fixture is used
+
+pytestmark = pytest.mark.skipif(not cached_capabilities().active("landlock"), reason="needs Landlock on this kernel")
+
+
+@pytest.fixture
+def warm_start(monkeypatch):
+    monkeypatch.setenv(warm.WARM_START_ENV, "1")
+    yield
+    zygote = getattr(warm._local, "zygote", None)
+    if zygote is not None:
+        zygote.close()
+        del warm._local.zygote
+
+
+def test_jobs_train_from_one_warm_zygote(tmp_path, warm_start):
+    first = run_job(make_job(tmp_path, "one", "pass"))
+    zygote = warm.train_zygote()
+    pid = zygote.proc.pid
+    second = run_job(make_job(tmp_path, "two", "pass"))
+    assert first.ok and second.ok, (first.error, second.error)
+    assert zygote.proc.pid == pid and zygote.proc.poll() is None  # the same zygote served both
+    # The trainer's modules were already imported in the zygote: the child's own import is instant.
+    assert second.metrics["train/import_seconds"] < 0.5, second.metrics["train/import_seconds"]
+    assert second.post is not None and second.metrics["train/steps"] if "train/steps" in second.metrics else True
+    assert (Path(second.checkpoint or tmp_path / "two" / "run" / "job" / "checkpoint")).exists()
+
+
+def test_attacks_are_contained_under_warm_starts(tmp_path, loopback_server, monkeypatch, warm_start):  # noqa: F811
+    port, accepted = loopback_server
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-parent-secret-123")
+    chosen = ["read_secret", "write_outside", "net", "env_secret", "kill_worker", "memory_bomb"]
+    table = attacks(port, tmp_path)
+    queue = JobQueue(tmp_path / "queue.sqlite", lease_s=30)
+    for name in chosen:
+        queue.enqueue(make_job(tmp_path, name, table[name][0]))
+    queue.enqueue(make_job(tmp_path, "atexit", f"import atexit\natexit.register(lambda: open({str(tmp_path / 'ae.txt')!r}, 'w'))"))
+    queue.enqueue(make_job(tmp_path, "good", "pass"))
+    assert run_worker(queue, once=True) == len(chosen) + 2
+    assert queue.result("good").ok, queue.result("good").error
+    for name in chosen:
+        r = queue.result(name)
+        assert not r.ok and any(n in (r.error or "") for n in table[name][1]), (name, (r.error or "")[-800:])
+    assert queue.result("memory_bomb").fail_reason is FailReason.oom
+    # An exit handler runs as in a cold interpreter, and is refused the same way.
+    assert not (tmp_path / "ae.txt").exists()
+    assert not accepted and not (tmp_path / "outside.txt").exists()
+    blob = "\n".join(queue.result(n).error or "" for n in chosen)
+    assert hidden_secret() not in blob and "sk-parent-secret-123" not in blob
+
+
+def test_a_killed_job_takes_its_zygote_and_the_next_job_gets_a_fresh_one(tmp_path, warm_start):
+    job = make_job(tmp_path, "slow", "import time\ntime.sleep(120)")
+    results = []
+    thread = threading.Thread(target=lambda: results.append(run_job(job)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (tmp_path / "slow" / "run" / "logs" / "train.log").exists():
+        time.sleep(0.2)
+    time.sleep(2)
+    assert processes.kill("slow") >= 1
+    thread.join(60)
+    assert results and not results[0].ok
+    processes.forget("slow")
+    zygote = warm.train_zygote()
+    assert zygote.proc is None or zygote.proc.poll() is not None  # gone with its child
+    after = run_job(make_job(tmp_path, "after", "pass"))
+    assert after.ok, after.error
