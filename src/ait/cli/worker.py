@@ -18,6 +18,27 @@ class WorkerExecutor(str, Enum):
     ray = "ray"
 
 
+def packing_for(jobs_per_gpu: str, gpu_ids: list[str], mps_thread_percentage: int | None) -> tuple[int, int | None]:
+    """(K, MPS share) from --jobs-per-gpu: a number as given, or auto, chosen from the packing
+    measured on this GPU model (an explicit --mps-thread-percentage wins over the measured one)."""
+    if jobs_per_gpu != "auto":
+        if not jobs_per_gpu.isdigit() or int(jobs_per_gpu) < 1:
+            raise ValueError(f"--jobs-per-gpu must be a number >= 1 or auto, got {jobs_per_gpu!r}")
+        return int(jobs_per_gpu), mps_thread_percentage
+    if not gpu_ids:
+        return 1, mps_thread_percentage  # CPU slots (or Ray's own placement): nothing to pack
+    from ait.compute.gpu_memory import gpu_total_gib
+    from ait.compute.packing import choose_packing, gpu_name, load_runs
+
+    name, total = gpu_name(gpu_ids[0]), gpu_total_gib(gpu_ids[0])
+    if name is None or total is None:
+        raise ValueError(f"--jobs-per-gpu auto: cannot read GPU {gpu_ids[0]}'s name and memory from nvidia-smi; "
+                         "give a number instead")
+    choice = choose_packing(name, total, load_runs())
+    err.print(f"packing: {choice.jobs_per_gpu} job(s) per GPU ({choice.why})", highlight=False)
+    return choice.jobs_per_gpu, mps_thread_percentage or choice.mps_thread_percentage
+
+
 def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite queue file (must exist, unless "
                                       "--create)."),
            create: bool = typer.Option(False, "--create", help="Create the queue file if it does not exist."),
@@ -27,7 +48,9 @@ def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite qu
                                                               "CPU; ray: what the cluster fits)."),
            gpus: str | None = typer.Option(None, help="GPU ids for the slots, e.g. 0,1 (none: CPU slots "
                                                          "with CUDA_VISIBLE_DEVICES=''); all: every visible GPU. ray: any value asks Ray for GPUs."),
-           jobs_per_gpu: int = typer.Option(1, min=1, help="Jobs packed on one GPU."),
+           jobs_per_gpu: str = typer.Option("1", help="Jobs packed on one GPU: a number, or auto (the measured K "
+                                            "with the most jobs/hour that fits this GPU, and its MPS share; "
+                                            "ait.compute.packing)."),
            mps_thread_percentage: int | None = typer.Option(
                None, min=1, max=100, help="Under CUDA MPS, the share of a GPU's SMs (1-100) each local job may use."),
            once: bool = typer.Option(False, "--once", help="Drain the queued jobs, then exit (waiting up to "
@@ -47,6 +70,8 @@ def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite qu
 
     SIGTERM finishes the running jobs (no new ones); a second SIGTERM, or --drain-timeout,
     hands them back to the queue."""
+    if jobs_per_gpu != "auto" and not (jobs_per_gpu.isdigit() and int(jobs_per_gpu) >= 1):
+        fail(f"--jobs-per-gpu must be a number >= 1 or auto, got {jobs_per_gpu!r}")
     from ait.compute.local import LocalLauncher, detect_gpus, parse_gpus, slot_envs
     from ait.compute.worker import WorkerEvent, WorkerOptions, WorkerStats, serve
     from ait.queue import JobQueue, QueueError
@@ -63,7 +88,8 @@ def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite qu
         if executor is WorkerExecutor.ray:
             from ait.compute.ray_executor import RayLauncher
 
-            launcher = RayLauncher(slots, use_gpus=bool(gpus), jobs_per_gpu=jobs_per_gpu, address=ray_address)
+            k, _ = packing_for(jobs_per_gpu, [], None)
+            launcher = RayLauncher(slots, use_gpus=bool(gpus), jobs_per_gpu=k, address=ray_address)
         else:
             gpu_ids = detect_gpus() if gpus == "all" else parse_gpus(gpus)
             if gpus == "all" and not gpu_ids:
@@ -71,7 +97,8 @@ def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite qu
             if gpus and gpus != "all" and (unknown := sorted(set(gpu_ids) - set(detect_gpus()))):
                 visible = ",".join(detect_gpus()) or "none"
                 raise ValueError(f"--gpus {gpus}: GPU {','.join(unknown)} is not visible here (visible: {visible})")
-            launcher = LocalLauncher(slot_envs(slots, gpu_ids, jobs_per_gpu, mps_thread_percentage))
+            k, mps_thread_percentage = packing_for(jobs_per_gpu, gpu_ids, mps_thread_percentage)
+            launcher = LocalLauncher(slot_envs(slots, gpu_ids, k, mps_thread_percentage))
     except (QueueError, ValueError, RuntimeError, ConnectionError) as e:
         fail(str(e))  # fail() prints literally: "pip install 'ait[ray]'" is not rich markup
     options = WorkerOptions(once=once, once_grace_s=ONCE_GRACE_S, idle_exit_s=idle_exit, poll_s=poll,

@@ -128,13 +128,16 @@ def kill_job_processes(job: Job) -> int:
 
 
 class LocalLauncher:
-    """Runs each job on a thread of its own slot; `stop` kills a job's processes."""
+    """Runs each job on a thread of its own slot; `stop` kills a job's processes. Jobs packed on
+    one GPU are admitted by estimated memory and re-run alone after an OOM, as LocalExecutor's."""
 
     lost_errors: tuple[type[BaseException], ...] = ()
 
-    def __init__(self, slots: list[dict[str, str]], job_fn: JobFn = run_job_in_slot) -> None:
+    def __init__(self, slots: list[dict[str, str]], job_fn: JobFn = run_job_in_slot,
+                 capacity_gib: dict[str, float | None] | None = None) -> None:
         self.slots = slots
         self.job_fn = job_fn
+        self.ledger = ledger_for(slots, capacity_gib)
         self._pool = ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="ait-slot")
 
     def describe(self) -> str:
@@ -142,7 +145,7 @@ class LocalLauncher:
         return f"local, {len(self.slots)} slot(s)" + (f" on GPU(s) {','.join(gpus)}" if gpus else " on CPU")
 
     def submit(self, job: Job, env: dict[str, str]) -> Future:
-        return self._pool.submit(self.job_fn, job, env)
+        return self._pool.submit(run_admitted, self.ledger, self.job_fn, job, env)
 
     def stop(self, job: Job, future: Future) -> None:
         kill_job_processes(job)
@@ -168,40 +171,53 @@ class LocalExecutor:
                  capacity_gib: dict[str, float | None] | None = None, reserved_gib: float = 0.0) -> None:
         """`reserved_gib` is held back on every GPU for a process that shares it outside this pool
         (the outer loop's agent, sampling and training beside its own inner jobs)."""
-        from ait.compute.gpu_memory import GpuLedger, gpu_total_gib
-
         self.job_fn = job_fn
         self._free: queue_mod.Queue[dict[str, str]] = queue_mod.Queue()
         for env in slots:
             self._free.put(env)
-        gpus = sorted({s.get("CUDA_VISIBLE_DEVICES", "") for s in slots} - {""})
-        if capacity_gib is None:
-            capacity_gib = {g: gpu_total_gib(g) for g in gpus}
-        self.ledger = GpuLedger({g: capacity_gib.get(g) for g in gpus}, reserved_gib=reserved_gib)
+        self.ledger = ledger_for(slots, capacity_gib, reserved_gib)
 
     def run(self, job: Job) -> JobResult:
         env = self._free.get()  # blocks while every slot is busy
         try:
-            gpu = env.get("CUDA_VISIBLE_DEVICES", "")
-            if not gpu or gpu not in self.ledger.used:
-                return self.job_fn(job, env)
-            need = estimate_gib(job, int(env.get(LOGIT_BUDGET_ENV, LOGIT_BUDGET)))
-            with self.ledger.reserve(gpu, need) as held:
-                result = self.job_fn(job, env)
-            if held.shared and result.fail_reason in RETRY_ALONE:
-                first = result
-                with self.ledger.reserve(gpu, need, exclusive=True):
-                    result = self.job_fn(job, env)
-                # The failure class comes from the job's exit status, which its code could fake: the
-                # first attempt's time counts too, so a faked OOM never buys a faster job alone.
-                if result.train_seconds is not None and first.train_seconds is not None:
-                    result.train_seconds += first.train_seconds
-                result.metrics["pack/retried_alone"] = 1.0
-                result.metrics["pack/first_attempt_s"] = first.train_seconds or 0.0
-            result.metrics["pack/estimate_gib"] = need
-            return result
+            return run_admitted(self.ledger, self.job_fn, job, env)
         finally:
             self._free.put(env)
+
+
+def ledger_for(slots: list[dict[str, str]], capacity_gib: dict[str, float | None] | None = None,
+               reserved_gib: float = 0.0):
+    """A memory ledger over the GPUs the slots use (their nvidia-smi totals unless given)."""
+    from ait.compute.gpu_memory import GpuLedger, gpu_total_gib
+
+    gpus = sorted({s.get("CUDA_VISIBLE_DEVICES", "") for s in slots} - {""})
+    if capacity_gib is None:
+        capacity_gib = {g: gpu_total_gib(g) for g in gpus}
+    return GpuLedger({g: capacity_gib.get(g) for g in gpus}, reserved_gib=reserved_gib)
+
+
+def run_admitted(ledger, job_fn: JobFn, job: Job, env: dict[str, str]) -> JobResult:
+    """Run `job` once its estimated memory fits its GPU beside the jobs running there; a packed job
+    that runs out of memory or dies of a GPU fault is run again alone."""
+    gpu = env.get("CUDA_VISIBLE_DEVICES", "")
+    if not gpu or gpu not in ledger.used:
+        return job_fn(job, env)
+    # With no known capacity (nvidia-smi unreadable) there is nothing to admit against: skip the estimate.
+    need = estimate_gib(job, int(env.get(LOGIT_BUDGET_ENV, LOGIT_BUDGET))) if ledger.capacity.get(gpu) else 0.0
+    with ledger.reserve(gpu, need) as held:
+        result = job_fn(job, env)
+    if held.shared and result.fail_reason in RETRY_ALONE:
+        first = result
+        with ledger.reserve(gpu, need, exclusive=True):
+            result = job_fn(job, env)
+        # The failure class comes from the job's exit status, which its code could fake: the
+        # first attempt's time counts too, so a faked OOM never buys a faster job alone.
+        if result.train_seconds is not None and first.train_seconds is not None:
+            result.train_seconds += first.train_seconds
+        result.metrics["pack/retried_alone"] = 1.0
+        result.metrics["pack/first_attempt_s"] = first.train_seconds or 0.0
+    result.metrics["pack/estimate_gib"] = need
+    return result
 
 
 RETRY_ALONE = (FailReason.oom, FailReason.gpu_fault)

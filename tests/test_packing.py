@@ -1,0 +1,104 @@
+"""`ait worker --jobs-per-gpu auto`: K and the MPS share come from committed measurements, and the
+worker's slots admit packed jobs by memory as the episode executor's do."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ait.cli import app
+from ait.compute import local
+from ait.compute.local import LocalLauncher, slot_envs
+from ait.compute.packing import PackRun, choose_packing, load_runs
+from ait.job.types import FailReason, JobResult
+from tests.test_gpu_packing import reference_job
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(k: int, jph: float, peak: float, pct: int | None = None, gpu: str = "NVIDIA H200") -> PackRun:
+    return PackRun(gpu=gpu, model="smollm2-135m", jobs_per_gpu=k, mps_thread_percentage=pct, jobs_per_hour=jph,
+                   peak_gib_per_job=peak, source="docs/measurements/x.json")
+
+
+def test_the_measured_k_with_the_most_jobs_per_hour_that_fits_is_chosen():
+    runs = [run(1, 58, 15.4), run(8, 243, 9.5, 25), run(8, 236, 9.6, 50), run(12, 300, 9.5, 25)]
+    # 12 x 9.5 GiB fits 90% of 139.8 GiB: the fastest measured K wins, with its MPS share.
+    choice = choose_packing("NVIDIA H200", 139.8, runs)
+    assert (choice.jobs_per_gpu, choice.mps_thread_percentage) == (12, 25) and "300 jobs/hour" in choice.why
+    # On a smaller card of the same name K=12 would not fit: the best K that does.
+    choice = choose_packing("NVIDIA H200", 100.0, runs)
+    assert (choice.jobs_per_gpu, choice.mps_thread_percentage) == (8, 25)
+
+
+def test_an_unmeasured_gpu_gets_what_memory_allows():
+    runs = [run(1, 58, 15.4), run(8, 243, 9.5, 25)]
+    choice = choose_packing("NVIDIA A100-SXM4-80GB", 80.0, runs)
+    assert choice.jobs_per_gpu == 4 and choice.mps_thread_percentage == 50  # 72 GiB // 15.4 GiB
+    assert "no packing measured" in choice.why
+    small = choose_packing("NVIDIA A10G", 24.0, runs)
+    assert (small.jobs_per_gpu, small.mps_thread_percentage) == (1, None)
+
+
+def test_the_shipped_measurements_load_and_name_committed_files():
+    runs = load_runs()
+    assert runs and any(r.jobs_per_gpu > 1 for r in runs)
+    for r in runs:
+        assert (ROOT / r.source).is_file(), r.source
+
+
+def test_the_worker_flag_is_checked():
+    result = CliRunner().invoke(app, ["worker", "--queue", "/nonexistent/q.sqlite", "--jobs-per-gpu", "many"])
+    assert result.exit_code != 0 and "--jobs-per-gpu must be a number >= 1 or auto" in result.output
+
+
+def test_worker_slots_admit_packed_jobs_by_memory_and_rerun_an_oom_alone(tmp_path, monkeypatch):
+    """Two slots on one GPU, jobs estimated at 60 GiB each on a 100 GiB card: never both at once
+    (before, the worker started every slot's job whatever its size)."""
+    monkeypatch.setattr(local, "estimate_gib", lambda job, budget=0: 60.0)
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def job_fn(job, env):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.2)
+        with lock:
+            running[0] -= 1
+        return JobResult(job_id=job.job_id, ok=True, train_seconds=1.0)
+
+    launcher = LocalLauncher(slot_envs(2, ["0"], jobs_per_gpu=2), job_fn=job_fn, capacity_gib={"0": 100.0})
+    jobs = [reference_job(tmp_path / n).model_copy(update={"job_id": n}) for n in ("a", "b")]
+    futures = [launcher.submit(j, env) for j, env in zip(jobs, launcher.slots)]
+    assert all(f.result(30).ok for f in futures) and peak[0] == 1
+    launcher.close()
+
+    # Small estimates: both run together, and the one that runs out of memory beside the other is re-run alone.
+    monkeypatch.setattr(local, "estimate_gib", lambda job, budget=0: 1.0)
+    together = threading.Barrier(2, timeout=30)
+    calls = []
+
+    def oom_when_shared(job, env):
+        calls.append(job.job_id)
+        if calls.count(job.job_id) == 1:
+            together.wait()
+            if job.job_id == "a":
+                return JobResult(job_id="a", ok=False, fail_reason=FailReason.oom, error="CUDA out of memory",
+                                 train_seconds=3.0)
+        return JobResult(job_id=job.job_id, ok=True, train_seconds=2.0)
+
+    launcher = LocalLauncher(slot_envs(2, ["0"], jobs_per_gpu=2), job_fn=oom_when_shared, capacity_gib={"0": 100.0})
+    results = [f.result(30) for f in [launcher.submit(j, env) for j, env in zip(jobs, launcher.slots)]]
+    launcher.close()
+    assert results[0].ok and results[0].metrics["pack/retried_alone"] == 1.0 and results[0].train_seconds == 5.0
+    assert results[1].ok and calls.count("a") == 2 and calls.count("b") == 1
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "2.5"])
+def test_bad_k_values_fail_in_one_line(value):
+    result = CliRunner().invoke(app, ["worker", "--queue", "/nonexistent/q.sqlite", "--jobs-per-gpu", value])
+    assert result.exit_code != 0 and "--jobs-per-gpu" in result.output
