@@ -17,8 +17,7 @@ import json
 import tomllib
 from pathlib import Path
 
-from ait.families import build_spec
-from ait.spec import load_spec
+from ait.spec import build_spec, load_spec
 
 
 def calibrated_spec(task_path: Path, chosen: dict | None, max_steps: int, time_budget: float):

@@ -28,9 +28,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ait.evals.baselines import Baseline, BaselineStore
 from ait.evals.hidden import eval_fingerprint, hidden_examples
 from ait.evals.hidden_eval import score
-from ait.evals.rollout import prepare_tokenizer
-from ait.families import FAMILIES, build_spec
-from ait.spec import Constraints
+from ait.families import FAMILIES
+from ait.spec import Constraints, build_spec
+from ait.train.chat_format import prepare_tokenizer
 from ait.train.models import resolve_base_model
 
 # Easiest first; the family's current default is always appended as the hardest level. The

@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ait.families import FAMILIES, build_spec
-from ait.spec import Constraints
+from ait.families import FAMILIES
+from ait.spec import Constraints, build_spec
 
 OUT = Path(__file__).resolve().parents[1] / "src" / "ait" / "tasks"
 MODELS = ["tiny", "smollm2-135m", "qwen2.5-coder-0.5b", "Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B"]

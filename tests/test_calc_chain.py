@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from ait.families import ToolCall, build_spec, get_family
+from ait.families import ToolCall, get_family
 from ait.families.calc_chain import calculator
-from ait.spec import load_spec
+from ait.spec import build_spec, load_spec
 
 FAMILY = get_family("calc_chain")
 REPO = Path(__file__).resolve().parents[1]

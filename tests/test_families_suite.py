@@ -113,8 +113,7 @@ def test_committed_task_specs_match_the_generator():
 def test_an_inline_spec_says_the_data_is_in_the_question():
     """The agent reads the spec's description: at an inline rung it must not claim the data is
     only behind the tools."""
-    from ait.families import INLINE_NOTE, build_spec
-    from ait.spec import Constraints
+    from ait.spec import INLINE_NOTE, Constraints, build_spec
 
     c = Constraints(allowed_base_models=["tiny"], max_steps=1, max_group_size=2, max_prompts_per_step=1,
                     max_completion_tokens=8, max_turns=1, time_budget_s=1, min_dataset_rows=1, max_dataset_rows=1)

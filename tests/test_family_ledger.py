@@ -19,9 +19,9 @@ import pytest
 from pydantic import ValidationError
 
 import ait.families
-from ait.families import ToolCall, build_spec
+from ait.families import ToolCall
 from ait.families.ledger import Ledger, inline_prompt
-from ait.spec import Constraints
+from ait.spec import Constraints, build_spec
 from tests.reference_rows import reference_rows_at
 
 FAMILY = Ledger()

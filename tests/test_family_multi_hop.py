@@ -23,9 +23,9 @@ from pydantic import ValidationError
 from transformers.utils import get_json_schema
 
 import ait.families
-from ait.families import ToolCall, build_spec
+from ait.families import ToolCall
 from ait.families.multi_hop import MultiHop, render_inline
-from ait.spec import Constraints
+from ait.spec import Constraints, build_spec
 from tests.reference_rows import reference_rows_at
 
 FAMILY = MultiHop()

@@ -20,10 +20,10 @@ from pydantic import ValidationError
 from transformers.utils import get_json_schema
 
 import ait.families
-from ait.families import ToolCall, build_spec
+from ait.families import ToolCall
 from ait.families.string_pipeline import OPS, StringPipeline
 from ait.job.env_loader import import_env
-from ait.spec import Constraints
+from ait.spec import Constraints, build_spec
 from tests.reference_rows import reference_rows_at
 
 FAMILY = StringPipeline()

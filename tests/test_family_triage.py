@@ -21,9 +21,9 @@ import pytest
 from pydantic import ValidationError
 
 import ait.families
-from ait.families import ToolCall, build_spec
+from ait.families import ToolCall
 from ait.families.triage import Triage
-from ait.spec import Constraints
+from ait.spec import Constraints, build_spec
 from tests.reference_rows import reference_rows_at
 
 FAMILY = Triage()

@@ -71,10 +71,11 @@ def test_a_change_to_the_scoring_code_is_a_new_cache_key(tmp_path: Path, monkeyp
     assert len(calls) == 2
 
 
-@pytest.mark.parametrize("changed", ["families/calc_chain.py", "evals/rollout.py", "train/rollouts.py",
-                                     "train/decode.py", "spec.py"])
+@pytest.mark.parametrize("changed", ["families/calc_chain.py", "evals/rollout.py", "train/chat_format.py",
+                                     "train/decode.py", "spec.py", "contract.py"])
 def test_the_code_digest_covers_everything_that_decides_a_score(tmp_path: Path, changed: str) -> None:
-    """The scorer, the rollout and chat-format helpers, the sampler, the spec model: a change to any is a miss."""
+    """The scorer, the rollout and chat-format helpers, the sampler, the spec and eval-format models: a change
+    to any is a miss."""
     import shutil
 
     root = Path(hidden_eval.__file__).resolve().parents[1]

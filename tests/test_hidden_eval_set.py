@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from ait.evals.hidden import eval_fingerprint, hidden_examples
-from ait.families import build_spec, get_family
+from ait.families import get_family
 from ait.home import hidden_secret
-from ait.spec import SpecError, TaskSpec, load_spec
+from ait.spec import SpecError, TaskSpec, build_spec, load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC_PATH = REPO / "examples" / "tasks" / "calc_chain.json"

@@ -8,8 +8,9 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from ait.evals.rollout import bare_tool_calls, final_response, parse_reply, prepare_tokenizer, run_conversations
+from ait.evals.rollout import final_response, run_conversations
 from ait.families import FAMILIES, get_family
+from ait.train.chat_format import bare_tool_calls, parse_reply, prepare_tokenizer
 from ait.train.tiny import tiny_model_path
 
 

@@ -25,9 +25,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, computed_field
 
+from ait.contract import Strict
 from ait.home import ait_home
 from ait.job.types import JobResult
-from ait.spec import Strict
 
 # ---- records ---------------------------------------------------------------------------------
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, model_validator
 
+from ait.contract import Strict
 from ait.job.types import JobResult
-from ait.spec import Strict
 
 EPS = 1e-6
 

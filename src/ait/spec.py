@@ -3,58 +3,22 @@
 A TaskSpec is plain data (JSON under `examples/tasks/`). It never carries the hidden
 eval seed, hidden examples or their gold answers: those are derived at eval time by
 `ait.evals.hidden` from a secret that never enters a workspace.
+
+This module sits above the task families: `build_spec` makes a family's TaskSpec and
+`load_spec` checks a file against the family registry (`check_spec`). The families never import
+this module: the eval-format models they build (EvalFormat, ToolSpec, ...) live in ait.contract.
 """
 
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
-ParamType = Literal["integer", "number", "string", "boolean"]
-
-
-class Strict(BaseModel):
-    """Base for every contract model: unknown keys are an error, never ignored."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-class ToolParam(Strict):
-    name: str
-    """Parameter name, exactly as the tool function spells it."""
-    type: ParamType
-    """JSON-schema type of the argument."""
-    description: str
-    """What the argument means."""
-
-
-class ToolSpec(Strict):
-    name: str
-    """Tool name; env.py must define a tool with this exact name."""
-    description: str
-    """What the tool does (its semantics, as the eval implements them)."""
-    parameters: list[ToolParam]
-    """Arguments in order; env.py's tool must take exactly these names."""
-    returns: str
-    """What the tool returns, as text."""
-    example: dict[str, Any] = Field(default_factory=dict)
-    """One valid call's arguments, used by the probe's dry run."""
-
-
-class EvalFormat(Strict):
-    system_prompt: str
-    """The system prompt the hidden eval uses."""
-    tools: list[ToolSpec]
-    """The tools the hidden eval exposes to the model."""
-    answer_format: str
-    """How the final answer must be written for the scorer to read it."""
-    max_turns: int = Field(ge=1, le=32)
-    """Assistant turns per eval episode (tool rounds + the final answer)."""
-    max_new_tokens: int = Field(ge=8, le=4096)
-    """Generation budget per assistant turn at eval time."""
+from ait.contract import EvalFormat, Strict
 
 
 class Constraints(Strict):
@@ -129,8 +93,6 @@ def load_spec(path: str | Path) -> TaskSpec:
         spec = TaskSpec.model_validate(data)
     except ValidationError as e:
         raise SpecError(f"task spec {path} is invalid: {format_validation_error(e)}") from None
-    from ait.families import check_spec  # families import this module: checked here, not at import
-
     if problems := check_spec(spec):
         raise SpecError(f"task spec {path} is invalid: {'; '.join(problems)}")
     return spec
@@ -145,3 +107,51 @@ def format_validation_error(e: ValidationError) -> str:
         msg = msg.removeprefix("Value error, ")
         parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts)
+
+
+INLINE_NOTE = (" At this difficulty (inline) the question itself also states the data the tools would return,"
+               " so the tools are optional: the model may answer from the question alone.")
+
+
+def build_spec(name: str, *, task_id: str | None = None, difficulty: dict[str, Any] | None = None,
+               constraints: Constraints, n_dev: int = 5, dev_seed: int = 1000, **fields: Any) -> TaskSpec:
+    """A TaskSpec for a family: eval format and dev examples come from the family itself.
+    Dev examples use a public seed; the hidden set excludes their prompts."""
+    from ait.families import get_family  # here, not at import: importing ait.spec stays light
+
+    family = get_family(name)
+    d = family.difficulty(difficulty)
+    rng = random.Random(dev_seed)
+    dev = [family.example(rng, d) for _ in range(n_dev)]
+    return TaskSpec(
+        id=task_id or name,
+        family=name,
+        description=family.description + (INLINE_NOTE if getattr(d, "inline", False) else ""),
+        difficulty=d.model_dump(),
+        eval_format=family.eval_format(d),
+        constraints=constraints,
+        dev_examples=[DevExample(prompt=e.prompt, answer=e.answer, world=e.world) for e in dev],
+        **fields,
+    )
+
+
+def check_spec(spec: TaskSpec) -> list[str]:
+    """What makes a structurally valid TaskSpec unusable, one line each (empty: usable): an unknown
+    family, difficulty knobs the family does not have or of the wrong type, tools other than the
+    family's (the hidden eval runs the family's own tools and scorer)."""
+    from ait.families import FAMILIES  # here, not at import: importing ait.spec stays light
+
+    if spec.family not in FAMILIES:
+        return [f"family: unknown task family {spec.family!r}; known: {', '.join(sorted(FAMILIES))}"]
+    family = FAMILIES[spec.family]
+    try:
+        knobs = family.Difficulty.model_validate(spec.difficulty, strict=True)
+    except ValidationError as e:
+        return [f"difficulty: {format_validation_error(e)} (the knobs of {spec.family}: "
+                f"{', '.join(family.Difficulty.model_fields)})"]
+    wanted = sorted(t.name for t in family.eval_format(knobs).tools)
+    given = sorted(t.name for t in spec.eval_format.tools)
+    if given != wanted:
+        return [f"eval_format.tools: {given} are not {spec.family}'s tools {wanted} (the hidden eval runs the "
+                "family's own tools)"]
+    return []

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from ait.spec import Strict
+from ait.contract import Strict
 
 
 class EvalPlan(Strict):

@@ -27,8 +27,9 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from ait.families import Example, get_family
-from ait.evals.rollout import final_response, prepare_tokenizer, run_conversations
+from ait.evals.rollout import final_response, run_conversations
 from ait.spec import TaskSpec
+from ait.train.chat_format import prepare_tokenizer
 
 
 class EvalRequest(BaseModel):

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, Field, model_serializer
 
-from ait.spec import EvalFormat
+from ait.contract import EvalFormat
 
 
 class Example(BaseModel):

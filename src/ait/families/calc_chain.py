@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ait.contract import EvalFormat, ToolParam, ToolSpec
 from ait.families.base import Example, Family, ToolCall
-from ait.spec import EvalFormat, ToolParam, ToolSpec
 
 OPS = {"+": "add", "-": "subtract", "*": "multiply", "/": "divide"}
 PHRASES = {

@@ -44,8 +44,8 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ait.contract import EvalFormat, ToolParam, ToolSpec
 from ait.families.base import Example, Family, InlineDifficulty, ToolCall
-from ait.spec import EvalFormat, ToolParam, ToolSpec
 
 # name -> ("int", lo, hi) or ("cat", [values])
 ATTRIBUTES: dict[str, tuple] = {

@@ -55,8 +55,8 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ait.contract import EvalFormat, ToolParam, ToolSpec
 from ait.families.base import Example, Family, InlineDifficulty, ToolCall
-from ait.spec import EvalFormat, ToolParam, ToolSpec
 
 ACCOUNT_NAMES = ["checking", "savings", "cash", "travel", "rent", "payroll", "reserve", "groceries"]
 QUESTION_TYPES = ("balance", "net_change", "rejected", "fees")

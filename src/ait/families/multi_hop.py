@@ -53,8 +53,8 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ait.contract import EvalFormat, ToolParam, ToolSpec
 from ait.families.base import Example, Family, InlineDifficulty, ToolCall
-from ait.spec import EvalFormat, ToolParam, ToolSpec
 
 RELATIONS = ["manager", "mentor", "best_friend", "neighbor", "dentist"]
 ATTRIBUTES: dict[str, list[str]] = {

@@ -36,8 +36,8 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ait.contract import EvalFormat, ToolParam, ToolSpec
 from ait.families.base import Example, Family, InlineDifficulty, ToolCall
-from ait.spec import EvalFormat, ToolParam, ToolSpec
 
 OPS = ["reverse", "upper", "lower", "rotate_left", "rotate_right", "replace", "drop_vowels", "every_other",
        "caesar", "sort_chars", "dedupe"]

@@ -7,12 +7,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from ait.contract import Strict
 from ait.evals.best_pre import BestPre
 from ait.job.types import JobResult
 from ait.metering import CostSummary, JobCost, Usage
 from ait.probe.types import ProbeReport
 from ait.reward import RewardBreakdown, RewardWeights
-from ait.spec import Strict
 
 
 class ToolCallRequest(BaseModel):

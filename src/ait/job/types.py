@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from ait.contract import Strict as _Strict
 from ait.spec import Constraints
-from ait.spec import Strict as _Strict
 
 
 class Strict(_Strict):

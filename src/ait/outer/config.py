@@ -18,8 +18,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from ait.contract import Strict
 from ait.harness.types import EpisodeConfig
-from ait.spec import Strict
 
 
 class PolicySection(Strict):

@@ -24,7 +24,7 @@ def load(model_path: str):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        from ait.evals.rollout import prepare_tokenizer
+        from ait.train.chat_format import prepare_tokenizer
 
         hf_logging.disable_progress_bar()
 
@@ -59,7 +59,7 @@ def dry_run(surface: EnvSurface, rows: list[dict], model_path: str, env_path) ->
     try:
         import torch
 
-        from ait.evals.rollout import parse_reply
+        from ait.train.chat_format import parse_reply
 
         model, tokenizer = load(model_path)
     except Exception as e:  # our side, not the agent's: report it as such

@@ -6,8 +6,8 @@ from enum import Enum
 
 from pydantic import BaseModel, Field
 
+from ait.contract import ToolSpec
 from ait.job.types import JobConfig
-from ait.spec import ToolSpec
 
 
 class ProbeCheck(str, Enum):

@@ -1,6 +1,6 @@
 """The report's plots, rendered off-screen (matplotlib's Agg canvas, no pyplot state) to PNG bytes.
 
-Each plot reads the rows (ait.report.load_metrics) and returns either a figure or, when there is
+Each plot reads the rows (ait.report.metrics.load_metrics) and returns either a figure or, when there is
 nothing worth drawing, one sentence saying why (`Plot.empty`); the HTML prints that sentence in
 place of the chart. "Nothing worth drawing" means: every value of the plot's keys is missing or
 null, or every value is 0 where 0 is the whole story (cost, staleness, a valid-job rate of 0
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ait.report import series
+from ait.report.metrics import series
 
 Rows = list[dict[str, Any]]
 

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from ait.home import models_dir
-from ait.train.models import ModelResolutionError
+from ait.train.model_errors import ModelResolutionError
 
 CONVERTER = "v1"
 """Part of the cache key: bump it when the conversion changes, so old caches are not reused."""

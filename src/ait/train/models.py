@@ -30,8 +30,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from ait.contract import Strict
 from ait.home import ait_home, models_dir
-from ait.spec import Strict, format_validation_error
+from ait.spec import format_validation_error
+from ait.train.model_errors import ModelResolutionError  # raised here; callers import it from this module
 
 WEIGHT_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "tokenizer*"]
 Source = Literal["tiny", "local", "huggingface", "gguf", "package"]
@@ -48,10 +50,6 @@ class ResolvedModel(BaseModel):
     """Content hash of the weights: a GGUF file's sha256, else sha256 over (name, sha256) of the *.safetensors."""
     origin: str
     """What was resolved: the GGUF file, the package and its file, the hub id or the directory."""
-
-
-class ModelResolutionError(ValueError):
-    """A base model name that cannot be turned into local weights."""
 
 
 class PackagedModel(BaseModel):

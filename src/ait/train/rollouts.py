@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+# stop_ids is not used here: ait.train.fast_grpo (and its test) still import it from this module
+from ait.train.chat_format import parse_reply, stop_ids  # noqa: F401
 from ait.train.decode import Decoder
 
 TOOL_RESULT_CHARS = 4000  # longer tool output is cut: one chatty tool must not fill the context
@@ -54,20 +56,6 @@ def tool_schemas(surface) -> list[dict[str, Any]]:
 
     env = surface.env_class()
     return [get_json_schema(getattr(env, name)) for name in surface.tools]
-
-
-def stop_ids(tokenizer, model=None) -> list[int]:
-    """Tokens that end an assistant turn: eos, <|im_end|>-style end markers, generation config's eos."""
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    for text in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
-        tid = tokenizer.convert_tokens_to_ids(text)
-        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None and tid >= 0:
-            ids.add(tid)
-    gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for tid in (gen if isinstance(gen, list) else [gen]):
-        if isinstance(tid, int):
-            ids.add(tid)
-    return sorted(ids)
 
 
 def run_tool(env, tools: set[str], name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
@@ -138,8 +126,6 @@ def rollout_batch(decoder: Decoder, tokenizer, surface, rows: list[dict[str, Any
                   max_turns: int, temperature: float, top_p: float, max_length: int,
                   generator: torch.Generator | None = None) -> list[Rollout]:
     """Sample one multi-turn rollout per row (rows repeat for a GRPO group)."""
-    from ait.evals.rollout import parse_reply
-
     schemas = tool_schemas(surface)
     continuation = Continuation(tokenizer, schemas)
     names = set(surface.tools)
