@@ -3,13 +3,19 @@
     python bench/chaos_queue.py                      # 100 jobs, 4 workers, local slots
     python bench/chaos_queue.py --executor ray       # the same through Ray tasks on a local Ray
     python bench/chaos_queue.py --jobs 20 --workers 3 --json
+    python bench/chaos_queue.py --executor ray --gpus 4 --kill-slots   # declared GPUs; Ray's job slots killed too
+    python bench/chaos_queue.py --executor ray --gpus 4 --real-gpus --cuda --kill-slots   # a multi-GPU host
 
 Each job is a subprocess that sleeps 0.1-1 s, appends `start NONCE` and `end NONCE` lines
 to its own runs file and prints a JobResult carrying NONCE. Workers are the real
 `ait.compute.worker.serve` loop (local slots or Ray tasks) in processes of their own; the
 bench kills one (preferring one that holds a lease) every few seconds and starts another.
 With --freeze, some of those events SIGSTOP a worker past its lease instead, then SIGCONT
-it: its jobs run again elsewhere and its late results must be rejected by the queue.
+it: its jobs run again elsewhere and its late results must be rejected by the queue. With Ray,
+--gpus N gives the private Ray N GPUs (declared on a CPU machine, the real ones with
+--real-gpus) and the jobs ask for 1/--jobs-per-gpu of one each; --kill-slots makes every other
+event SIGKILL the Ray worker process (job slot) running a job instead of the worker; --cuda
+makes each job's process touch its GPU (a CUDA context on the device Ray assigned).
 
 At the end every job must be done exactly once: all `done`, one stored result each, that
 result produced by a run that really finished (its nonce has an `end` line), never two
@@ -36,13 +42,19 @@ from ait.queue import JobQueue, JobState
 
 # The fake job's process: record the run, sleep, report. Not real training: the point is the queue.
 JOB_CODE = """
-import json, random, sys, time
+import json, os, random, sys, time
 runs, job_id = sys.argv[1], sys.argv[2]
 nonce = random.getrandbits(48)
 with open(runs, "a") as f: f.write(f"start {nonce}\\n")
+if os.environ.get("CHAOS_CUDA") == "1":
+    import torch
+    assert torch.cuda.device_count() == 1, os.environ.get("CUDA_VISIBLE_DEVICES")
+    torch.ones(1 << 20, device="cuda").sum().item()
 time.sleep(random.uniform(0.1, 1.0))
 with open(runs, "a") as f: f.write(f"end {nonce}\\n")
-print(json.dumps({"job_id": job_id, "ok": True, "pre": 0.0, "post": 1.0, "metrics": {"nonce": float(nonce)}}))
+gpu = os.environ.get("CUDA_VISIBLE_DEVICES") or "-1"
+print(json.dumps({"job_id": job_id, "ok": True, "pre": 0.0, "post": 1.0,
+                  "metrics": {"nonce": float(nonce), "gpu": float(gpu) if gpu.lstrip("-").isdigit() else -2.0}}))
 """
 
 
@@ -51,6 +63,7 @@ def sleep_job(job: Job, env: dict[str, str]) -> JobResult:
     runs = Path(job.run_dir) / "runs.txt"
     job_dir = Path(job.run_dir) / "job"  # where run_job runs a job's processes: a worker stops them there
     job_dir.mkdir(exist_ok=True)
+    (Path(job.run_dir) / "slot.pid").write_text(str(os.getpid()))  # with Ray: the job slot's process, to kill
     out = subprocess.run([sys.executable, "-c", JOB_CODE, str(runs), job.job_id], capture_output=True, text=True,
                          env={**os.environ, **env}, cwd=job_dir, check=True)
     return JobResult.model_validate_json(out.stdout)
@@ -62,6 +75,12 @@ class ChaosReport(BaseModel):
     workers: int
     kills: int
     freezes: int
+    slot_kills: int = 0
+    """Ray worker processes (job slots) SIGKILLed while running a job."""
+    gpus: int = 0
+    """GPUs the jobs asked Ray for (declared, or real with --real-gpus)."""
+    gpus_used: list[float] = []
+    """The GPUs the stored results ran on (CUDA_VISIBLE_DEVICES; -1 for CPU jobs)."""
     executions: int
     """Job runs started (re-runs after kills included)."""
     reclaims: int
@@ -100,7 +119,8 @@ def worker_main(args: argparse.Namespace) -> None:
     if args.executor == "ray":
         from ait.compute.ray_executor import RayLauncher
 
-        launcher = RayLauncher(args.slots, job_fn=sleep_job, address=args.ray_address, cpus_per_job=0.5)
+        launcher = RayLauncher(args.slots, job_fn=sleep_job, address=args.ray_address, cpus_per_job=0.5,
+                               use_gpus=args.gpus > 0, jobs_per_gpu=args.jobs_per_gpu)
     else:
         from ait.compute.local import LocalLauncher, slot_envs
 
@@ -110,7 +130,8 @@ def worker_main(args: argparse.Namespace) -> None:
 
 def start_worker(args: argparse.Namespace, queue: Path, address: str | None) -> subprocess.Popen:
     cmd = [sys.executable, __file__, "worker", "--queue", str(queue), "--slots", str(args.slots),
-           "--lease", str(args.lease), "--max-attempts", str(args.max_attempts), "--executor", args.executor]
+           "--lease", str(args.lease), "--max-attempts", str(args.max_attempts), "--executor", args.executor,
+           "--gpus", str(args.gpus), "--jobs-per-gpu", str(args.jobs_per_gpu)]
     if address:
         cmd += ["--ray-address", address]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -125,6 +146,22 @@ def pick_victim(queue: JobQueue, workers: list[subprocess.Popen], frozen: dict[i
     return rng.choice(busy or awake) if awake else None
 
 
+def kill_a_slot(queue: JobQueue, rng: random.Random) -> bool:
+    """SIGKILL the Ray worker process (job slot) of a running job, as a GPU fault or an OOM kill of
+    the whole worker would; False when no running job has one yet."""
+    running = [e for e in queue.list(JobState.running)]
+    rng.shuffle(running)
+    for entry in running:
+        pid_file = Path(entry.job.run_dir) / "slot.pid"
+        try:
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            pid_file.unlink()
+            return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
 def count_log_lines(queue: JobQueue, jobs: list[Job]) -> tuple[dict[str, int], int, int]:
     accepted, rejected, released = {}, 0, 0
     for job in jobs:
@@ -136,7 +173,8 @@ def count_log_lines(queue: JobQueue, jobs: list[Job]) -> tuple[dict[str, int], i
     return accepted, rejected, released
 
 
-def check(queue: JobQueue, jobs: list[Job], kills: int, freezes: int, args: argparse.Namespace, wall: float) -> ChaosReport:
+def check(queue: JobQueue, jobs: list[Job], kills: int, freezes: int, args: argparse.Namespace, wall: float,
+          slot_kills: int = 0) -> ChaosReport:
     entries = {e.job_id: e for e in queue.list()}
     accepted, rejected, released = count_log_lines(queue, jobs)
     executions, bad = 0, 0
@@ -151,7 +189,9 @@ def check(queue: JobQueue, jobs: list[Job], kills: int, freezes: int, args: argp
         if f"end {nonce}" not in lines:
             bad += 1  # a result no finished run produced
     done = sum(e.state is JobState.done for e in entries.values())
+    used = sorted({e.result.metrics.get("gpu", -1.0) for e in entries.values() if e.result})
     return ChaosReport(executor=args.executor, jobs=len(jobs), workers=args.workers, kills=kills, freezes=freezes,
+                       slot_kills=slot_kills, gpus=getattr(args, "gpus", 0), gpus_used=used,
                        executions=executions, reclaims=sum(max(e.attempts - 1, 0) for e in entries.values()),
                        rejected=rejected, released=released, done=done,
                        duplicates=sum(n > 1 for n in accepted.values()), lost=len(jobs) - done,
@@ -167,12 +207,16 @@ def run(args: argparse.Namespace) -> ChaosReport:
     if args.executor == "ray":
         from ait.compute.ray_executor import init_ray
 
-        ray = init_ray(None, num_cpus=args.workers * args.slots, _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"))
+        gpus = {} if args.real_gpus or not args.gpus else {"num_gpus": args.gpus}  # declared, or Ray finds them
+        if args.cuda:
+            os.environ["CHAOS_CUDA"] = "1"  # Ray's workers inherit it, and the jobs' processes from them
+        ray = init_ray(None, num_cpus=args.workers * args.slots, _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
+                       **gpus)
         address = ray.get_runtime_context().gcs_address
     start = time.monotonic()
     queue.enqueue_many(jobs)
     workers = [start_worker(args, queue.path, address) for _ in range(args.workers)]
-    kills, freezes, frozen = 0, 0, {}  # frozen: worker index -> when to SIGCONT it
+    kills, freezes, slot_kills, frozen = 0, 0, 0, {}  # frozen: worker index -> when to SIGCONT it
     next_hit = None  # the clock starts at the first claim: killing workers still starting up proves little
     try:
         while True:
@@ -188,7 +232,11 @@ def run(args: argparse.Namespace) -> ChaosReport:
                 if time.monotonic() >= until:
                     os.kill(workers[i].pid, signal.SIGCONT)
                     del frozen[i]
-            if next_hit and time.monotonic() >= next_hit and (i := pick_victim(queue, workers, frozen, rng)) is not None:
+            if next_hit and time.monotonic() >= next_hit and args.kill_slots and (kills + freezes + slot_kills) % 2 == 0 \
+                    and kill_a_slot(queue, rng):
+                slot_kills += 1  # the Ray worker process running a job: the job must come back, once
+                next_hit = time.monotonic() + rng.uniform(args.kill_min, args.kill_max)
+            elif next_hit and time.monotonic() >= next_hit and (i := pick_victim(queue, workers, frozen, rng)) is not None:
                 if args.freeze and rng.random() < 0.3:
                     os.kill(workers[i].pid, signal.SIGSTOP)  # past its lease: its results come back late
                     frozen[i] = time.monotonic() + args.lease * rng.uniform(1.5, 2.5)
@@ -216,7 +264,7 @@ def run(args: argparse.Namespace) -> ChaosReport:
 
             ray.shutdown()
     time.sleep(1.2)  # orphaned runs of killed workers finish their runs file (jobs last <= 1 s)
-    return check(queue, jobs, kills, freezes, args, wall)
+    return check(queue, jobs, kills, freezes, args, wall, slot_kills)
 
 
 def main() -> None:
@@ -226,6 +274,13 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--slots", type=int, default=2, help="Jobs at once per worker.")
     p.add_argument("--executor", choices=["local", "ray"], default="local")
+    p.add_argument("--gpus", type=int, default=0, help="ray: GPUs for the jobs (declared to the private Ray unless "
+                   "--real-gpus); each job asks for 1/--jobs-per-gpu of one.")
+    p.add_argument("--jobs-per-gpu", type=int, default=1)
+    p.add_argument("--real-gpus", action="store_true", help="ray: let Ray find this host's GPUs instead of declaring them.")
+    p.add_argument("--cuda", action="store_true", help="Each job's process creates a CUDA context on its GPU.")
+    p.add_argument("--kill-slots", action="store_true", help="ray: every other event SIGKILLs the Ray worker process "
+                   "running a job instead of a worker.")
     p.add_argument("--lease", type=float, default=2.0, help="Lease seconds: how soon a killed worker's jobs return.")
     p.add_argument("--max-attempts", type=int, default=50, help="High: chaos must not turn jobs dead.")
     p.add_argument("--kill-min", type=float, default=1.0)
@@ -246,6 +301,7 @@ def main() -> None:
         print(report.model_dump_json(indent=2))
     else:
         print(f"executor {report.executor}: {report.jobs} jobs, {report.workers} workers, {report.kills} kills, "
+              f"{report.slot_kills} Ray worker processes killed, GPUs used {report.gpus_used}, "
               f"{report.freezes} freezes, {report.executions} executions, {report.reclaims} re-claims, {report.rejected} duplicates rejected, "
               f"{report.released} released")
         print(f"done {report.done}, duplicate results {report.duplicates}, lost {report.lost}, "

@@ -152,7 +152,7 @@ def test_engine_equals_a_reference_loop_with_joins_leaves_compaction_and_growth(
     stop = {reference(model, first["prompt"], 5, first["temperature"], first["top_p"], gen(first["seed"]))[0][4]}
     requests = [Request(s["prompt"], s["max_new_tokens"], s["temperature"], s["top_p"], generator=gen(s["seed"]))
                 for s in specs]
-    dec = Decoder(model, stop_ids=stop, pad_id=0, cache_bucket=16, min_rows=min_rows)
+    dec = Decoder(model, stop_ids=stop, pad_id=0, cache_bucket=16, min_rows=min_rows, geometric=min_rows > 1)
     # rows join a running batch (other lengths, other ages) and leave it at their own ends
     done = drive(dec, {0: requests[:1], 5: requests[1:2], 9: requests[2:3], 30: requests[3:5], 45: requests[5:]})
     assert len(done) == len(requests) and not dec.busy

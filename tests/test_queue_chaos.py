@@ -48,6 +48,18 @@ def test_chaos_ray_every_job_done_exactly_once():
     assert r["kills"] >= 1 and r["reclaims"] >= 1
 
 
+def test_chaos_ray_on_declared_gpus_with_ray_worker_processes_killed():
+    pytest.importorskip("ray")
+    # Four GPUs declared to the private Ray; every other chaos event SIGKILLs the Ray worker process
+    # (job slot) running a job instead of a whole worker.
+    r = chaos("--executor", "ray", "--gpus", "4", "--kill-slots", "--jobs", "24", "--workers", "2", "--slots", "2",
+              "--kill-min", "1.5", "--kill-max", "3", "--lease", "2", "--seed", "4")
+    assert r["done"] == r["jobs"] == 24
+    assert (r["duplicates"], r["lost"], r["bad_results"]) == (0, 0, 0)
+    assert r["slot_kills"] >= 1 and r["reclaims"] >= r["slot_kills"]  # each killed slot's job ran again
+    assert r["gpus_used"] == [0.0, 1.0, 2.0, 3.0]  # 2 workers x 2 slots of one GPU: every GPU, each job on its own
+
+
 def test_checker_counts_duplicates_lost_jobs_and_forged_results(tmp_path):
     spec = importlib.util.spec_from_file_location("chaos_queue", SCRIPT)
     bench = importlib.util.module_from_spec(spec)

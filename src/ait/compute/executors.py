@@ -3,7 +3,8 @@
     inline  run_job in this process's control (subprocesses for train and eval)
     queue   enqueue into the SQLite queue and wait; `ait worker` processes run it
     local   run_job in a slot of this process's pool (one slot per visible GPU, or a CPU slot)
-    ray     run_job as a Ray task on EpisodeConfig.ray_address (or a private local Ray)
+    ray     run_job as a Ray task on EpisodeConfig.ray_address (or a private local Ray), or on the
+            outer loop's pool of Ray job slots (ait.compute.ray_executor.configure_shared_slots)
 """
 
 from __future__ import annotations
@@ -82,8 +83,9 @@ def make_executor(config: EpisodeConfig) -> Executor:
 
         return shared_local_executor()
     if config.executor == "ray":
-        from ait.compute.ray_executor import RayExecutor, require_ray
+        from ait.compute.ray_executor import RayExecutor, require_ray, shared_slots
 
         require_ray()  # fail now, with the install hint, not halfway through the episode
-        return RayExecutor(config.ray_address, config.job_wait_s)
+        # The outer loop's pool of job slots (every GPU, K per GPU, the agent's share held) when it set one up.
+        return RayExecutor(config.ray_address, config.job_wait_s, pool=shared_slots())
     return InlineExecutor()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import random
 import time
 from collections.abc import Callable
@@ -147,6 +148,7 @@ def open_run(config: OuterConfig, run_dir: str | Path | None, resume: bool, say:
         config = with_warm_start(config, task_paths)
     state = start_run(run_dir, config, resume)
     configure_local_slots(config)
+    config = configure_ray_slots(config, say)
     say("loading the policy")
     backend = make_backend(config)
     if resume:
@@ -205,6 +207,39 @@ def configure_local_slots(config: OuterConfig) -> None:
     with local._shared_lock:  # the pool every episode of this process shares
         local._shared = local.LocalExecutor(local.slot_envs(None, local.detect_gpus(), config.jobs_per_gpu),
                                             reserved_gib=config.agent_gpu_gib)
+
+
+def configure_ray_slots(config: OuterConfig, say: Callable[[str], None] = lambda _m: None) -> OuterConfig:
+    """With executor = ray: one pool of Ray job slots for every episode, `jobs_per_gpu` on every GPU of
+    the cluster; when the agent trains on a GPU (local backend), a share of one GPU is held for it (one
+    job slot's, or what agent_gpu_gib needs) so no inner job lands there, and the agent is put on that
+    GPU. Returns the config with the agent's device set."""
+    if config.episode.executor != "ray":
+        return config
+    from ait.compute import ray_executor
+    from ait.compute.gpu_memory import gpu_total_gib
+    from ait.compute.local import detect_gpus, parse_gpus
+    from ait.outer.backends.local import default_device
+
+    device = config.trainer.device or (default_device() if config.trainer.backend == "local" else "cpu")
+    on_gpu = config.trainer.backend == "local" and device.startswith("cuda")
+    share = 0.0
+    if on_gpu:
+        gpus = detect_gpus()
+        share = ray_executor.agent_share(config.jobs_per_gpu, config.agent_gpu_gib,
+                                         gpu_total_gib(gpus[0]) if gpus else None)
+    pool = ray_executor.configure_shared_slots(config.episode.ray_address, jobs_per_gpu=config.jobs_per_gpu,
+                                               agent_gpus=share)
+    say(f"inner jobs on Ray: {pool.describe()}")
+    if not (on_gpu and pool.agent_gpu):
+        return config
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ray_gpu = pool.agent_gpu.split(",")[0]
+    index = parse_gpus(visible).index(ray_gpu) if visible is not None else int(ray_gpu)
+    if device not in ("cuda", f"cuda:{index}"):
+        raise OuterRunError(f"trainer.device = {device!r}, but Ray holds the agent's GPU share on cuda:{index}; "
+                            "leave trainer.device unset or set it to \"cuda\"")
+    return config.model_copy(update={"trainer": config.trainer.model_copy(update={"device": f"cuda:{index}"})})
 
 
 def start_run(run_dir: Path, config: OuterConfig, resume: bool) -> ckpt.LoopState:

@@ -167,7 +167,8 @@ class Decoder:
     captured graphs stay valid)."""
 
     def __init__(self, model, *, stop_ids, pad_id: int, cuda_graphs: bool | None = None,
-                 max_batch: int = 256, cache_bucket: int = CACHE_BUCKET, check_every: int = 1, min_rows: int = 1):
+                 max_batch: int = 256, cache_bucket: int = CACHE_BUCKET, check_every: int = 1, min_rows: int = 1,
+                 geometric: bool = False):
         self.model = model
         self.device = next(model.parameters()).device
         self.stop_ids = sorted(set(stop_ids))
@@ -177,6 +178,7 @@ class Decoder:
         self.cache_bucket = cache_bucket
         self.check_every = check_every
         self.min_rows = min_rows  # row slots allocated at least (a server: its max batch, so one rows bucket)
+        self.geometric = geometric  # cache lengths cache_bucket * 2^k, kept while they fit: few graphs for a server
         self.generator: torch.Generator | None = None  # the batch generator (requests without their own)
         self.slots: OrderedDict[tuple[int, int], _Slot] = OrderedDict()
         self.stats = {"graphs_captured": 0, "decode_steps": 0, "prefill_tokens": 0, "compactions": 0,
@@ -272,6 +274,8 @@ class Decoder:
     # ---- internals -----------------------------------------------------------------------------
 
     def _bucket_len(self, n: int) -> int:
+        if self.geometric:
+            return self.cache_bucket << max(0, (-(-n // self.cache_bucket) - 1).bit_length())
         return -(-n // self.cache_bucket) * self.cache_bucket
 
     def _forward(self, slot: _Slot, input_ids, mask, position, cache=None) -> torch.Tensor:
@@ -414,7 +418,10 @@ class Decoder:
         need_rows, span = self.live + len(new), self._span()
         remaining = max([self._remaining()] + [r.max_new_tokens for r in new])
         if not self.live:  # an idle engine starts afresh: the cache sized for these requests
-            self._relayout(max(bucket_batch(need_rows), self.min_rows), self._bucket_len(width + remaining + 1), width)
+            rows, cache_len = max(bucket_batch(need_rows), self.min_rows), self._bucket_len(width + remaining + 1)
+            if self.geometric and self.slot is not None and self.slot.rows == rows and self.slot.cache_len > cache_len:
+                cache_len = self.slot.cache_len  # a longer cache that fits: no other graph
+            self._relayout(rows, cache_len, width)
         elif self.slot.rows < need_rows or self.col < width or self.col >= self.slot.cache_len:
             rows = max(bucket_batch(need_rows), self.slot.rows)
             col = max(span, width)

@@ -47,9 +47,10 @@ class SamplingEngine:
         """Optimizer steps of the weights being sampled from."""
         stop = eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
-        # A continuous engine keeps one rows bucket (its max batch): one graph per cache length.
-        self.decoder = Decoder(model, stop_ids=stop, pad_id=self.pad_id, cuda_graphs=cuda_graphs,
-                               max_batch=max_batch, min_rows=bucket_batch(max_batch) if continuous else 1)
+        # A continuous engine keeps one rows bucket (its max batch) and doubles its cache length when it
+        # must grow: few shapes, so few CUDA graphs to capture.
+        self.decoder = Decoder(model, stop_ids=stop, pad_id=self.pad_id, cuda_graphs=cuda_graphs, max_batch=max_batch,
+                               min_rows=bucket_batch(max_batch) if continuous else 1, geometric=continuous)
         self.tokenizer_lock = threading.Lock()  # a fast tokenizer is not safe to call from several threads at once
         self.cond = threading.Condition()  # guards pending, active, paused, closing
         self.pending: collections.deque[Request] = collections.deque()
