@@ -270,3 +270,43 @@ def test_outer_loop_on_ray_holds_the_agents_gpu_and_spreads_episode_jobs(ray, tm
     finally:
         close_shared_slots()
     assert configure_ray_slots(OuterConfig()) == OuterConfig()  # not executor = ray: nothing set up
+
+
+def sleepy_job(job: Job, env: dict[str, str]) -> JobResult:
+    if job.job_id == "slow":
+        time.sleep(60)
+    return JobResult(job_id=job.job_id, ok=True, base_model=env["CUDA_VISIBLE_DEVICES"], metrics={"pid": float(os.getpid())})
+
+
+def test_one_slot_pool_retries_on_the_same_gpu_and_a_stopped_job_frees_its_slot(ray, tmp_path):
+    from ait.compute.ray_executor import RayExecutor, RaySlots
+    from ait.job.types import FailReason
+
+    pool = RaySlots(ray, use_gpus=True, jobs_per_gpu=1, cpus_per_job=0.5, slots=1, job_fn=killable_job)
+    try:
+        # A killed job with no other GPU in the pool: its one retry runs on the same GPU.
+        threading.Thread(target=lambda: (wait_for(tmp_path / "k1" / "pid1"),
+                                         os.kill(int((tmp_path / "k1" / "pid1").read_text()), signal.SIGKILL))).start()
+        result = pool.run(make_job(tmp_path, "k1"))
+        assert result.ok and result.metrics["ray/retried_elsewhere"] == 0.0
+        assert result.metrics["ray/gpu_try1"] == result.metrics["ray/gpu_try2"]
+    finally:
+        pool.close()
+    pool = RaySlots(ray, use_gpus=True, jobs_per_gpu=1, cpus_per_job=0.5, slots=1, job_fn=sleepy_job)
+    try:
+        # The episode stops waiting: the job's slot process is killed, Ray restarts it, the next job runs there.
+        start = time.monotonic()
+        late = RayExecutor(None, wait_s=2, pool=pool).run(make_job(tmp_path, "slow"))
+        assert not late.ok and late.fail_reason is FailReason.infra and "cancelled" in late.error
+        assert time.monotonic() - start < 20
+        after = pool.run(make_job(tmp_path, "next"))
+        assert after.ok and after.base_model == pool.gpus[0]
+    finally:
+        pool.close()
+
+
+def wait_for(path: Path, timeout_s: float = 60) -> None:
+    deadline = time.time() + timeout_s
+    while not path.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
