@@ -17,9 +17,7 @@ from typing import Any
 from ait.contract import EvalFormat
 from ait.families import Example, Family
 from ait.families.base import call_bound
-# prepare_tokenizer is not used here: ait.train.grpo, ait.train.fast_grpo and tests/test_fast_grpo.py still
-# import it from this module
-from ait.train.chat_format import parse_reply, prepare_tokenizer, stop_ids  # noqa: F401
+from ait.train.chat_format import parse_reply, stop_ids
 
 
 class GreedyGenerator:

@@ -42,7 +42,8 @@ from ait.train.request import (
     build_rows,
     safe_reward,
 )
-from ait.train.rollouts import Rollout, rollout_batch, stop_ids
+from ait.train.chat_format import stop_ids
+from ait.train.rollouts import Rollout, rollout_batch
 
 
 def logit_budget() -> int:
@@ -67,7 +68,7 @@ def load_policy(base_model_path: str, train: TrainConfig, device: torch.device,
     `timeline` receives the seconds of each part (train/load/<part> metrics)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ait.evals.rollout import prepare_tokenizer
+    from ait.train.chat_format import prepare_tokenizer
 
     timeline = {} if timeline is None else timeline
     t = time.monotonic()

@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-# stop_ids is not used here: ait.train.fast_grpo (and its test) still import it from this module
-from ait.train.chat_format import parse_reply, stop_ids  # noqa: F401
+from ait.train.chat_format import parse_reply
 from ait.train.decode import Decoder
 
 TOOL_RESULT_CHARS = 4000  # longer tool output is cut: one chatty tool must not fill the context
