@@ -102,3 +102,12 @@ def test_worker_slots_admit_packed_jobs_by_memory_and_rerun_an_oom_alone(tmp_pat
 def test_bad_k_values_fail_in_one_line(value):
     result = CliRunner().invoke(app, ["worker", "--queue", "/nonexistent/q.sqlite", "--jobs-per-gpu", value])
     assert result.exit_code != 0 and "--jobs-per-gpu" in result.output
+
+
+def test_agent_gpus_is_a_ray_setting(tmp_path):
+    result = CliRunner().invoke(app, ["worker", "--queue", str(tmp_path / "q.sqlite"), "--create",
+                                      "--agent-gpus", "0.5"])
+    assert result.exit_code != 0 and "--agent-gpus applies to --executor ray" in result.output
+    result = CliRunner().invoke(app, ["worker", "--queue", str(tmp_path / "q.sqlite"), "--create",
+                                      "--agent-gpus", "1.5"])
+    assert result.exit_code != 0 and "--agent-gpus" in result.output

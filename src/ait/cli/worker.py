@@ -62,6 +62,8 @@ def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite qu
                                                                           "after this many seconds."),
            poll: float = typer.Option(0.05, min=0.001, help="Seconds between polls of an idle queue."),
            ray_address: str | None = typer.Option(None, help="Ray cluster to join (default: a private local Ray)."),
+           agent_gpus: float = typer.Option(0.0, min=0.0, max=1.0, help="ray: a share of one GPU (0-1) held for "
+                                            "the outer loop's agent on this host; no job slot takes it."),
            warm_start: bool = typer.Option(False, "--warm-start", help="Fork each job's training process from a "
                                            "per-slot interpreter that has imported torch and transformers once "
                                            "(same sandbox layers; AIT_WARM_START=1)."),
@@ -89,8 +91,12 @@ def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite qu
             from ait.compute.ray_executor import RayLauncher
 
             k, _ = packing_for(jobs_per_gpu, [], None)
-            launcher = RayLauncher(slots, use_gpus=bool(gpus), jobs_per_gpu=k, address=ray_address)
+            launcher = RayLauncher(slots, use_gpus=bool(gpus), jobs_per_gpu=k, address=ray_address,
+                                   agent_gpus=agent_gpus)
         else:
+            if agent_gpus:
+                raise ValueError("--agent-gpus applies to --executor ray (locally, the outer loop's agent_gpu_gib "
+                                 "holds the agent's memory)")
             gpu_ids = detect_gpus() if gpus == "all" else parse_gpus(gpus)
             if gpus == "all" and not gpu_ids:
                 raise ValueError("--gpus all: no GPU is visible here (CUDA_VISIBLE_DEVICES or torch)")
