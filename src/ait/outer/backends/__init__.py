@@ -16,14 +16,10 @@ def make_backend(config: OuterConfig) -> Any:
         return LocalBackend(config)  # loads init_checkpoint itself
     from ait.outer.backends.tinker import TinkerBackend
 
-    p = config.policy
-    # seed=None: a fixed sampler seed would give every episode of a group the same replies.
-    backend = TinkerBackend(p.model, lora_rank=config.trainer.lora_r, learning_rate=config.trainer.learning_rate,
-                            temperature=p.temperature, max_new_tokens=p.max_new_tokens, max_context=p.max_context,
-                            seed=None)
-    if p.init_checkpoint:
-        backend.load(p.init_checkpoint)
-    return backend
+    # Configured from the whole OuterConfig ([policy] model / temperature / max_new_tokens /
+    # max_context / init_checkpoint, [trainer] lora_r / learning_rate / ...); it warm-starts itself
+    # from init_checkpoint. Sampling seeds come per episode (GroupSampler), never one fixed seed.
+    return TinkerBackend(config)
 
 
 def episode_policy(backend: Any, *, seed: int | None = None, temperature: float | None = None) -> Any:
