@@ -119,8 +119,8 @@ def test_every_reference_job_exports_an_installable_package(tmp_path, family):
 
 def test_the_adapter_is_self_contained():
     source = (files("ait.job.export") / "vf_taskset.py").read_text()
-    assert imports_of(source) <= {"__future__", "inspect", "json", "math", "re", "pathlib", "typing", "pydantic",
-                                  "verifiers"}
+    assert imports_of(source) <= {"__future__", "importlib", "inspect", "json", "math", "re", "sys", "pathlib", "typing",
+                                  "pydantic", "verifiers"}
     tree = ast.parse(source)
     names = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
     assert {"AitJobTaskset", "AitJobTask", "AitJobToolset", "AitJobData", "safe_reward", "run_tool"} <= names
@@ -137,7 +137,7 @@ def test_export_is_deterministic(tmp_path):
 
 
 def test_workspace_files_travel_and_third_party_imports_are_named(tmp_path):
-    env_py = reference_job("calc_chain")["env.py"].replace("import json\n", "import json\nimport numpy\nimport helper\n")
+    env_py = reference_job("calc_chain")["env.py"].replace("import random\n", "import random\nimport numpy\nimport helper\n")
     ws = workspace(tmp_path, env_py=env_py)
     (ws / "data").mkdir()
     (ws / "data" / "rows.jsonl").write_text("{}\n")

@@ -8,7 +8,6 @@ parse tool text with their own regexes and never read Example.world or the answe
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import re
@@ -441,10 +440,9 @@ def test_eval_format_turns_cover_gold_trace():
 
 
 def load_reference_env():
-    spec = importlib.util.spec_from_file_location("dispatch_reference_env", REF_DIR / "env.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from ait.job.env_loader import import_env
+
+    return import_env(REF_DIR / "env.py")  # with the workspace's task_tools.py importable
 
 
 def test_reference_job_passes_probe(registered, tmp_path):
@@ -714,7 +712,7 @@ def test_reference_env_honours_inline_from_task_json(tmp_path):
         assert inline_solver(r["prompt"]) == r["answer"] == expected_answer(world)
     # the family writes the same table for the same world
     ex = examples({**knobs, "inline": True}, 1, seed=0)[0]
-    env_text = env._inline_text(ex.world)
+    env_text = env.tt._inline_text(ex.world)
     assert ex.prompt.endswith("\n" + env_text)
     # without inline: the rows and the system prompt are as before (pinned from the env before the knob)
     import hashlib

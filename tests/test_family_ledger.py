@@ -8,7 +8,6 @@ data; the solver sees only the prompt and a `call(name, **args)` function.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import re
@@ -402,10 +401,9 @@ def test_bad_difficulty_rejected(knobs):
 
 
 def load_ref_env():
-    spec = importlib.util.spec_from_file_location("ledger_ref_env", REF_JOB / "env.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from ait.job.env_loader import import_env
+
+    return import_env(REF_JOB / "env.py")  # with the workspace's task_tools.py importable
 
 
 def test_reference_env_is_self_contained():

@@ -9,7 +9,6 @@ they read the prompt with their own regexes and walk Example.world's plain dicts
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import random
@@ -394,17 +393,16 @@ def test_bad_difficulty_rejected(knobs):
 
 
 def load_ref_env():
-    spec = importlib.util.spec_from_file_location("multi_hop_ref_env", REF_DIR / "env.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from ait.job.env_loader import import_env
+
+    return import_env(REF_DIR / "env.py")  # with the workspace's task_tools.py importable
 
 
 def test_reference_env_is_self_contained():
     text = (REF_DIR / "env.py").read_text()
     assert not re.search(r"^\s*(import|from)\s+ait\b", text, re.MULTILINE)
     imports = set(re.findall(r"^\s*(?:import|from)\s+(\w+)", text, re.MULTILINE))
-    assert imports <= {"difflib", "json", "pathlib", "random", "re"}, imports
+    assert imports <= {"difflib", "json", "pathlib", "random", "re", "task_tools"}, imports
 
 
 def test_reference_job_passes_probe(monkeypatch, tmp_path):

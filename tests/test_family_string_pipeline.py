@@ -8,7 +8,6 @@ from scratch; they never call the family module's transform code.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import re
@@ -479,10 +478,9 @@ def test_single_op_short_strings_still_valid():
 
 
 def load_reference_env():
-    spec = importlib.util.spec_from_file_location("string_pipeline_ref_env", REF_DIR / "env.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from ait.job.env_loader import import_env
+
+    return import_env(REF_DIR / "env.py")  # with the workspace's task_tools.py importable
 
 
 def test_reference_job_passes_probe(monkeypatch, tmp_path):

@@ -10,7 +10,6 @@ services depend on, whose own (non-blaming) errors start after it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import re
@@ -393,10 +392,9 @@ def test_difficulty_defaults_and_validation():
 
 
 def load_ref_env():
-    spec = importlib.util.spec_from_file_location("triage_ref_env", REF_JOB / "env.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from ait.job.env_loader import import_env
+
+    return import_env(REF_JOB / "env.py")  # with the workspace's task_tools.py importable
 
 
 def test_reference_job_passes_probe(monkeypatch, tmp_path):

@@ -26,6 +26,7 @@ from ait.harness.tools import TOOL_SCHEMAS, EpisodeTools
 from ait.harness.types import (EpisodeConfig, EpisodeResult, JobRecord, Message, PolicyStop, StopReason,
                                Submission)
 from ait.harness.workspace_tools import WorkspaceTools
+from ait.job import task_tools
 from ait.job.types import FailReason, Job, JobResult
 from ait.metering import Ledger, Meter, load_prices
 from ait.policy.base import Policy
@@ -35,7 +36,7 @@ from ait.runs import RunDir, new_run_id, runs_root, versions
 from ait.sandbox import require_isolation
 from ait.spec import TaskSpec
 
-READ_ONLY = ("INSTRUCTIONS.md", "task.json")
+READ_ONLY = ("INSTRUCTIONS.md", "task.json", task_tools.MODULE)
 SYSTEM = ("You are an ML engineer. Your workspace holds INSTRUCTIONS.md and task.json. Write job.toml and env.py "
           "so that GRPO training makes the base model better at the task, then call submit_job. Use the tools.")
 NUDGE = ("You have not submitted a job yet. Write job.toml and env.py as INSTRUCTIONS.md describes, then call "
@@ -43,14 +44,17 @@ NUDGE = ("You have not submitted a job yet. Write job.toml and env.py as INSTRUC
 
 
 def seed_workspace(workspace: Path, spec: TaskSpec) -> None:
-    """Template files plus task.json; the instructions and the task are read-only."""
+    """Template files, task.json and the family's task_tools.py; the instructions, the task and the
+    tool interface are read-only."""
     workspace.mkdir(parents=True, exist_ok=True)
     template = files("ait") / "job" / "template"
     for name in ("INSTRUCTIONS.md", "job.toml", "env.py"):
         (workspace / name).write_text((template / name).read_text())
     (workspace / "task.json").write_text(spec.model_dump_json(indent=2) + "\n")
+    task_tools.install(workspace, spec.family)
     for name in READ_ONLY:
-        (workspace / name).chmod(0o444)
+        if (workspace / name).exists():
+            (workspace / name).chmod(0o444)
 
 
 def opening_messages(spec: TaskSpec) -> list[Message]:
@@ -213,6 +217,7 @@ class Episode:
         attempt = len(self.submissions) + 1
         snapshot = self.run.submission_dir(attempt) / "workspace"
         shutil.copytree(self.run.workspace, snapshot, symlinks=True)
+        task_tools.install(snapshot, self.spec.family)  # the trusted interface, whatever the agent left there
         self.on_event(f"probing submission {attempt}")
         left = self.seconds_left()
         probe_timeout = self.config.probe_timeout_s if left is None else max(1.0, min(self.config.probe_timeout_s, left))
@@ -224,6 +229,7 @@ class Episode:
         if not report.valid:
             return f"invalid job (attempt {attempt}, {K - self.invalid_attempts()} left):\n{report.summary()}"
         self.valid_attempt = self.valid_attempt or attempt
+        task_tools.install(snapshot, self.spec.family)  # and again after the probe ran the agent's code in it
         index = len(self.jobs) + 1
         job = Job(job_id=f"{self.run.path.name}-{attempt}", run_dir=str(jobs_.job_run_dir(self.run.path, index)),
                   workspace=str(snapshot), task_path=str(self.task_path), config=report.config,

@@ -48,6 +48,7 @@ def import_env(path: str | Path) -> ModuleType:
     path = Path(path)
     if not path.is_file():
         raise EnvLoadError(f"{path.name} not found in the workspace")
+    import_task_tools(path.parent)
     name = f"ait_agent_env_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -60,6 +61,30 @@ def import_env(path: str | Path) -> ModuleType:
         error.out_of_memory = isinstance(e, MemoryError)
         raise error from None
     return module
+
+
+TASK_TOOLS = "task_tools"
+"""The workspace's read-only tool-interface module (ait.job.task_tools): env.py imports it by this name."""
+
+
+def import_task_tools(workspace: Path) -> None:
+    """Make the workspace's task_tools.py what `import task_tools` gives env.py: loaded fresh from
+    this workspace (never a module cached from another workspace in the same process), or dropped
+    from sys.modules when the workspace has none."""
+    sys.modules.pop(TASK_TOOLS, None)
+    path = workspace / f"{TASK_TOOLS}.py"
+    if not path.is_file():
+        return
+    spec = importlib.util.spec_from_file_location(TASK_TOOLS, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[TASK_TOOLS] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as e:
+        sys.modules.pop(TASK_TOOLS, None)
+        error = EnvLoadError(f"importing {path.name} raised {describe_exception(e, path)}")
+        error.out_of_memory = isinstance(e, MemoryError)
+        raise error from None
 
 
 def describe_exception(e: BaseException, path: Path | None = None) -> str:

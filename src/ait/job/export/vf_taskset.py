@@ -10,6 +10,8 @@ What it does, and the ait rule each part reproduces:
   SYSTEM_PROMPT as the system prompt, `str(prompt)` as the user prompt, `str(answer)` as the answer
   and the row's info kept as JSON text (`json.dumps(row.get("info") or {})`), exactly as ait's
   trainer builds its rows (ait.train.request.build_rows).
+- task_tools.py: the workspace's read-only tool-interface module travels in `job/` and is loaded as
+  `task_tools` before env.py, so env.py's `import task_tools` works as it does under ait.
 - Tools: every public method of env.py's `Environment` (ait.job.env_loader.env_tools' rule) is an
   MCP tool of a task-scoped toolset, so verifiers launches one server, hence one `Environment`,
   per rollout; `reset(info)` is called with the row's info before the first call. A tool's result
@@ -28,10 +30,12 @@ What it does, and the ait rule each part reproduces:
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import json
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Callable
 
@@ -39,7 +43,22 @@ from pydantic import Field, TypeAdapter, WithJsonSchema
 
 import verifiers.v1 as vf
 
-from .job import env as job_env
+
+def _load_task_tools() -> None:
+    """env.py imports the workspace's read-only tool interface by its plain name (`import task_tools`),
+    as ait's loader makes it importable (ait.job.env_loader.import_task_tools): load job/task_tools.py,
+    the copy beside env.py, under that name before env.py is imported."""
+    path = Path(__file__).with_name("job") / "task_tools.py"
+    if not path.is_file():
+        return
+    spec = importlib.util.spec_from_file_location("task_tools", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["task_tools"] = module
+    spec.loader.exec_module(module)
+
+
+_load_task_tools()
+from .job import env as job_env  # noqa: E402  (after task_tools is importable)
 
 SETTINGS: dict[str, Any] = json.loads(Path(__file__).with_name("ait_job.json").read_text())
 TOOL_RESULT_CHARS = 4000

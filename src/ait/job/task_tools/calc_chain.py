@@ -1,0 +1,108 @@
+"""calc_chain's tool interface, shipped read-only into the workspace: `import task_tools as tt`.
+
+    SYSTEM_PROMPT           the task's system prompt
+    Environment             the task's tool: calculator(a, op, b)
+    task_difficulty()       task.json's knobs: n_ops, operand_min, operand_max, operators
+    make_row(rng, d)        one row {prompt, answer, info: {"n_ops"}}: a chain at knobs d
+    distinct_rows(n, draw)  up to n rows with distinct prompts from draw()
+    parse_answer(text)      the last 'Answer: <integer>' as a string of digits (commas dropped), or None
+    gold(answer)            the row's answer as parse_answer returns it
+"""
+
+import json
+import random
+import re
+from pathlib import Path
+
+SYSTEM_PROMPT = (
+    "You are a careful assistant that solves arithmetic with a calculator tool. "
+    "Call the calculator once for each operation, in order, using the previous "
+    "result as the next left operand. When done, reply with the final line "
+    "'Answer: <integer>'."
+)
+PHRASES = {
+    "+": ["add {b}", "increase it by {b}"],
+    "-": ["subtract {b}", "decrease it by {b}"],
+    "*": ["multiply it by {b}", "multiply the result by {b}"],
+}
+
+
+class Environment:
+    def reset(self, info: dict) -> None:
+        self.calls = 0
+
+    def calculator(self, a: float, op: str, b: float) -> str:
+        """Apply one arithmetic operation to two numbers and return the result.
+
+        Args:
+            a: The left operand.
+            op: The operator, one of "+", "-", "*", "/".
+            b: The right operand.
+        """
+        self.calls = getattr(self, "calls", 0) + 1
+        try:
+            a, b = float(a), float(b)
+        except (TypeError, ValueError):
+            return "error: a and b must be numbers"
+        if op == "+":
+            r = a + b
+        elif op == "-":
+            r = a - b
+        elif op == "*":
+            r = a * b
+        elif op == "/":
+            if b == 0:
+                return "error: division by zero"
+            r = a / b
+        else:
+            return f"error: op must be one of + - * /, got {op!r}"
+        return str(int(r)) if r == int(r) else f"{r:.6f}".rstrip("0").rstrip(".")
+
+
+def task_difficulty() -> dict:
+    """The task's difficulty knobs from task.json next to this file ({} when it is not there)."""
+    try:
+        difficulty = json.loads(Path(__file__).with_name("task.json").read_text()).get("difficulty", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return difficulty if isinstance(difficulty, dict) else {}
+
+
+def make_row(rng: random.Random, difficulty: dict) -> dict:
+    """A chain of n_ops operations (2-4 when unset) on operands in operand_min..operand_max (2..999),
+    drawn from `operators` (+ - * by default)."""
+    lo, hi = int(difficulty.get("operand_min", 2)), int(difficulty.get("operand_max", 999))
+    ops = [o for o in difficulty.get("operators", "+-*") if o in PHRASES] or list(PHRASES)
+    n_ops = difficulty.get("n_ops")
+    value = rng.randint(lo, hi)
+    start, parts = value, []
+    for _ in range(int(n_ops) if n_ops else rng.randint(2, 4)):
+        op, b = rng.choice(ops), rng.randint(lo, hi)
+        parts.append(rng.choice(PHRASES[op]).format(b=b))
+        value = value + b if op == "+" else value - b if op == "-" else value * b
+    chain = ", then ".join(parts)
+    prompt = f"Start with {start}. {chain[0].upper()}{chain[1:]}. What is the final result?"
+    return {"prompt": prompt, "answer": str(value), "info": {"n_ops": len(parts)}}
+
+
+def distinct_rows(n: int, draw) -> list:
+    """Up to n rows from draw() with distinct prompts (None draws skipped; gives up after 50*n draws,
+    as a tiny difficulty has fewer distinct problems than asked for)."""
+    rows, seen = [], set()
+    for _ in range(50 * n):
+        if len(rows) == n:
+            break
+        row = draw()
+        if row is not None and row["prompt"] not in seen:
+            seen.add(row["prompt"])
+            rows.append(row)
+    return rows
+
+
+def parse_answer(text):
+    found = re.findall(r"answer\s*[:=]\s*(-?[\d,]+)", text or "", re.IGNORECASE)
+    return found[-1].replace(",", "") if found else None
+
+
+def gold(answer):
+    return answer
