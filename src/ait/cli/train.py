@@ -16,6 +16,11 @@ def train(config: Path | None = typer.Option(None, "--config", help="Outer-loop 
                                                  "runs/outer-<time>-<id>)."),
           resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this directory from "
                                                 "its latest checkpoint (metrics.jsonl is appended to)."),
+          resume_from: Path | None = typer.Option(None, "--resume-from", metavar="BUNDLE", help="Continue an "
+                                                  "arc from a checkpoint bundle (RUN_DIR/checkpoints/step_N, copied "
+                                                  "from another machine) in a new --run-dir: same step count, "
+                                                  "rng, seeds, spend and metrics so far. --config is optional (the "
+                                                  "bundle's own by default) and must train the same weights."),
           as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON.")) -> None:
     """Train the agent with RL on the uplift its jobs achieve: groups of episodes per task, advantage =
     reward − group mean, an importance-sampling policy-gradient step, asynchronously."""
@@ -37,12 +42,19 @@ def train(config: Path | None = typer.Option(None, "--config", help="Outer-loop 
     from ait.sandbox import SandboxUnavailable, require_isolation
     from ait.train.models import ModelResolutionError
 
-    if config is None and resume is None:
-        fail("pass --config configs/outer/NAME.toml (or --resume RUN_DIR)")
+    if config is None and resume is None and resume_from is None:
+        fail("pass --config configs/outer/NAME.toml (or --resume RUN_DIR, or --resume-from BUNDLE)")
+    if resume is not None and resume_from is not None:
+        fail("--resume continues a run in place, --resume-from starts a new one from a bundle: pass one")
     if resume is not None and run_dir is not None and run_dir.resolve() != resume.resolve():
         fail("--run-dir and --resume name different directories; --resume RUN_DIR alone continues that run")
     try:
-        cfg = load_config(config, OuterConfig) if config is not None else load_run_config(resume)
+        if config is not None:
+            cfg = load_config(config, OuterConfig)
+        elif resume is not None:
+            cfg = load_run_config(resume)
+        else:
+            cfg = None  # the bundle's own
     except (ConfigError, OuterRunError) as e:
         fail(str(e))
     try:
@@ -52,7 +64,7 @@ def train(config: Path | None = typer.Option(None, "--config", help="Outer-loop 
     target = resume or run_dir
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[last]}"), console=err, transient=True, disable=as_json) as progress:
-        bar = progress.add_task("outer loop", total=cfg.max_steps, last="")
+        bar = progress.add_task("outer loop", total=cfg.max_steps if cfg else None, last="")
 
         def on_step(row: dict) -> None:
             held = f"  held-out {row['heldout_reward']:+.3f}" if row.get("heldout_reward") is not None else ""
@@ -60,7 +72,7 @@ def train(config: Path | None = typer.Option(None, "--config", help="Outer-loop 
                             f"{row['valid_rate'] or 0:.0%}  loss {row['loss']:+.4f}{held}")
 
         try:
-            summary = run_train(cfg, target, resume=resume is not None, on_step=on_step,
+            summary = run_train(cfg, target, resume=resume is not None, resume_from=resume_from, on_step=on_step,
                                 on_event=lambda msg: progress.update(bar, description=msg))
         except (ConfigError, OuterRunError, HeldOutError, ModelResolutionError, CheckpointError,
                 TinkerUnavailable) as e:

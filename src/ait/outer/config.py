@@ -105,6 +105,10 @@ class OuterConfig(Strict):
     """Sampling temperature of held-out episodes (0 = greedy)."""
     checkpoint_every: int = Field(default=5, ge=1, le=100_000)
     """Checkpoint every N steps (and always at the end)."""
+    checkpoint_max_mib: float = Field(default=64.0, gt=0.0, le=1_048_576.0)
+    """Size bound of one checkpoint bundle (RUN_DIR/checkpoints/step_N, what a preempted run needs to go
+    on elsewhere): the local backend stores its adapter and optimizer exactly (float32) when they fit,
+    else in bf16, else compactly (ait.outer.state_codec); bundle.json records the encoding."""
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     """Task sampling and per-episode sampling seeds."""
     jobs_per_gpu: int = Field(default=1, ge=1, le=64)

@@ -16,7 +16,8 @@ Run directory:
     RUN_DIR/config.json        the resolved OuterConfig (a resume without --config reads it)
     RUN_DIR/manifest.json      versions, start time, resumes
     RUN_DIR/metrics.jsonl      one row per step (ait.outer.metrics.KEYS)
-    RUN_DIR/checkpoints/step_N ait.outer.checkpoint
+    RUN_DIR/checkpoints/step_N ait.outer.checkpoint: a self-contained bundle (weights, optimizer, loop
+                               state, metrics so far) that `train(resume_from=...)` continues elsewhere
     RUN_DIR/episodes/<id>/     every training episode's run directory (ait.runs)
     RUN_DIR/costs.jsonl        the spend ledger of every episode of the run (unless [episode] ledger_path)
     RUN_DIR/heldout/step-N/    each held-out evaluation (ait.agent_eval): runs/<task>-<i>/, results.json
@@ -28,6 +29,7 @@ import glob
 import json
 import os
 import random
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,6 +63,8 @@ class Run:
     state: ckpt.LoopState
     episode_config: EpisodeConfig
     heldout_paths: list[Path]
+    lineage: list[dict[str, Any]]
+    """Earlier runs of this arc (continued from a bundle), oldest first; empty for a run begun here."""
 
     def groups_needed(self, step: int) -> int:
         """Groups the steps after `step` still train on."""
@@ -72,8 +76,9 @@ class Run:
     def checkpoint(self, step: int, usd_total: float) -> None:
         state = ckpt.LoopState(step=step, config_digest=self.config.digest(),
                                rng_state=ckpt.rng_to_json(self.sampler.rng), groups_launched=self.sampler.launched,
-                               usd_total=usd_total)
-        ckpt.save_checkpoint(self.dir, self.backend, state)
+                               usd_total=usd_total, usd_carried=self.state.usd_carried)
+        ckpt.save_checkpoint(self.dir, self.backend, state, config=self.config, lineage=self.lineage,
+                             max_bytes=self.config.checkpoint_max_mib * 2**20)
 
     def close(self) -> None:
         self.sampler.close()
@@ -81,11 +86,21 @@ class Run:
             close()
 
 
-def train(config: OuterConfig, run_dir: str | Path | None = None, *, resume: bool = False,
-          on_step: Callable[[dict[str, Any]], None] | None = None,
+def train(config: OuterConfig | None, run_dir: str | Path | None = None, *, resume: bool = False,
+          resume_from: str | Path | None = None, on_step: Callable[[dict[str, Any]], None] | None = None,
           on_event: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run (or resume) the outer loop up to config.max_steps; returns a summary."""
+    """Run (or resume) the outer loop up to config.max_steps; returns a summary. `resume_from`: a
+    checkpoint bundle (another machine's RUN_DIR/checkpoints/step_N) that a new run_dir continues
+    (config None: the bundle's own)."""
     say = on_event or (lambda _msg: None)
+    if resume_from is not None:
+        run_dir = Path(run_dir or runs_root() / new_run_id("outer")).resolve()
+        config = import_bundle(Path(resume_from), run_dir, config)
+        for warning in json.loads((run_dir / "manifest.json").read_text())["continued_from"]["warnings"]:
+            say(f"warning: {warning}")
+        say(f"continuing from {resume_from}")
+        resume = True
+    assert config is not None
     run = open_run(config, run_dir, resume, say)
     config, backend, sampler = run.config, run.backend, run.sampler
     step, usd_total, stopped, saved_at = run.state.step, run.state.usd_total, "max_steps", run.state.step
@@ -150,19 +165,81 @@ def open_run(config: OuterConfig, run_dir: str | Path | None, resume: bool, say:
     configure_local_slots(config)
     config = configure_ray_slots(config, say)
     say("loading the policy")
-    backend = make_backend(config)
+    # On resume the checkpoint's adapter replaces any warm start: it is not loaded (its path may be
+    # another machine's).
+    backend = make_backend(without_init(config) if resume else config)
     if resume:
         backend.load(str(ckpt.latest(run_dir) / "backend"))
     metrics = MetricsLog(run_dir / "metrics.jsonl")
     metrics.truncate_after(state.step)  # rows a crash left past the checkpoint are written again
-    episodes_cfg = episode_config(config, run_dir)
+    episodes_cfg = episode_config(config, run_dir, carried_usd=state.usd_carried)
     sampler = GroupSampler(backend=backend, task_paths=task_paths, rng=ckpt.rng_from_json(state.rng_state),
                            episode_config=episodes_cfg, runs_dir=run_dir / "episodes",
                            group_size=config.num_generations, groups_per_step=config.groups_per_step,
                            max_off_policy=config.max_steps_off_policy, concurrency=config.concurrency,
                            seed=config.seed, groups_launched=state.groups_launched)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
     return Run(dir=run_dir, config=config, backend=backend, sampler=sampler, metrics=metrics, state=state,
-               episode_config=episodes_cfg, heldout_paths=heldout_paths)
+               episode_config=episodes_cfg, heldout_paths=heldout_paths, lineage=manifest.get("lineage", []))
+
+
+def without_init(config: OuterConfig) -> OuterConfig:
+    return config.model_copy(update={"policy": config.policy.model_copy(update={"init_checkpoint": None})})
+
+
+def import_bundle(bundle: Path, run_dir: Path, config: OuterConfig | None = None) -> OuterConfig:
+    """A new run directory that continues the arc of `bundle` (see ait.outer.checkpoint): the bundle
+    checked and copied to RUN_DIR/checkpoints/step_N, its metrics rows as RUN_DIR/metrics.jsonl, its
+    config (or `config`, which must train the same weights) as RUN_DIR/config.json, the manifest
+    naming the runs it continues. Returns the config. Raises BundleError / OuterRunError (one line)."""
+    from pydantic import ValidationError
+
+    manifest = ckpt.verify_bundle(bundle)
+    try:
+        saved = OuterConfig.model_validate(manifest["config"])
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise ckpt.BundleError(f"{bundle}: its config does not validate here "
+                               f"({'.'.join(map(str, first['loc']))}: {first['msg']})") from None
+    config = config or saved
+    for name, ours, theirs in (("policy.model", config.policy.model, saved.policy.model),
+                               ("trainer.backend", config.trainer.backend, saved.trainer.backend),
+                               ("trainer.lora_r", config.trainer.lora_r, saved.trainer.lora_r),
+                               ("trainer.lora_alpha", config.trainer.lora_alpha, saved.trainer.lora_alpha),
+                               ("trainer.lora_target_modules", config.trainer.lora_target_modules,
+                                saved.trainer.lora_target_modules)):
+        if ours != theirs:
+            raise ckpt.BundleError(f"{bundle} was trained with {name} = {theirs!r}; the config has {ours!r}")
+    if manifest.get("model") not in (None, config.policy.model):
+        raise ckpt.BundleError(f"{bundle} holds weights of {manifest['model']!r}, not {config.policy.model!r}")
+    if (run_dir / "metrics.jsonl").exists() or ckpt.latest(run_dir) is not None:
+        raise OuterRunError(f"{run_dir} already holds a run; --resume-from starts a new run directory")
+    step = int(manifest["step"])
+    warnings = []
+    if manifest.get("hidden_secret_id") not in (None, ckpt.hidden_secret_id()):
+        warnings.append("this machine's hidden-eval secret differs from the one the bundle was written under: "
+                        "inner jobs are scored on other hidden sets (set AIT_HIDDEN_SEED alike on every machine)")
+    lineage = [*manifest.get("lineage", []), {"run": manifest.get("source_run"), "to_step": step,
+                                              "bundle": str(Path(bundle).resolve())}]
+    dest = ckpt.checkpoints_dir(run_dir) / f"step_{step}"
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(bundle, tmp)
+    state = ckpt.load_state(tmp)
+    # The spend so far is in the earlier runs' ledgers, not this run's costs.jsonl.
+    state = state.model_copy(update={"usd_carried": state.usd_total})
+    (tmp / "state.json").write_text(state.model_dump_json(indent=2) + "\n")
+    ckpt.seal(tmp, step=step, config=saved, source=Path(manifest.get("source_run") or "?"),
+              max_bytes=manifest.get("max_bytes"), lineage=manifest.get("lineage", []))
+    tmp.rename(dest)
+    shutil.copyfile(dest / ckpt.METRICS_FILE, run_dir / "metrics.jsonl")
+    (run_dir / "manifest.json").write_text(json.dumps({
+        "kind": "outer", "started_at": time.time(), "versions": versions(), "resumes": [],
+        "continued_from": {"bundle": str(Path(bundle).resolve()), "step": step, "run": manifest.get("source_run"),
+                           "config_digest": manifest.get("config_digest"), "warnings": warnings},
+        "lineage": lineage}, indent=2, default=str) + "\n")
+    (run_dir / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
+    return config
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -184,13 +261,14 @@ def resolve_tasks(patterns: list[str]) -> list[Path]:
     return out
 
 
-def episode_config(config: OuterConfig, run_dir: Path) -> EpisodeConfig:
-    """The harness config of every episode: the [episode] table plus the run's limits."""
+def episode_config(config: OuterConfig, run_dir: Path, carried_usd: float = 0.0) -> EpisodeConfig:
+    """The harness config of every episode: the [episode] table plus the run's limits (the run budget
+    less `carried_usd`, what earlier runs of the arc spent outside this run's ledger)."""
     update: dict[str, Any] = {"timeout_s": config.episode_timeout_s, "run_group": run_dir.name}
     if config.episode.ledger_path is None:  # training and held-out episodes share one ledger (and budget)
         update["ledger_path"] = str(run_dir / "costs.jsonl")
     if config.budget_usd is not None and config.episode.run_budget_usd is None:
-        update["run_budget_usd"] = config.budget_usd
+        update["run_budget_usd"] = max(config.budget_usd - carried_usd, 0.0)
     if "keep_checkpoints" not in config.episode.model_fields_set:
         # The H200 arc of 2026-11-30 kept 40 GB of inner checkpoints after five steps of 12 episodes
         # (a 64 GB disk); the loop reads only each job's scores.

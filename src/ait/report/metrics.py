@@ -54,7 +54,25 @@ def load_metrics(path: str | Path, warnings: list[str] | None = None) -> list[di
         if not isinstance(row, dict):
             raise MetricsError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
         rows.append(_checked(row, f"{path}:{number}", default_step=rows[-1]["step"] + 1 if rows else 0))
+    if warnings is not None:
+        warnings.extend(step_gaps(rows, path))
     return rows
+
+
+def step_gaps(rows: list[dict[str, Any]], where: str | Path = "metrics") -> list[str]:
+    """What breaks one arc: a step that appears twice, a step missing between the first and the last
+    (a run continued from a bundle carries its earlier steps, so neither should happen)."""
+    steps = [row["step"] for row in rows if isinstance(row.get("step"), int)]
+    out = []
+    seen = {s for s in steps if steps.count(s) > 1}
+    if seen:
+        out.append(f"{where}: step(s) {', '.join(map(str, sorted(seen)[:5]))} appear more than once")
+    if steps:
+        missing = sorted(set(range(min(steps), max(steps) + 1)) - set(steps))
+        if missing:
+            out.append(f"{where}: step(s) {', '.join(map(str, missing[:5]))} missing between {min(steps)} and "
+                       f"{max(steps)}")
+    return out
 
 
 def _checked(row: dict[str, Any], where: str, default_step: float) -> dict[str, Any]:

@@ -33,8 +33,12 @@ Checkpoint layout (`save` / `load`):
 
     PATH/adapter/adapter_model.safetensors   LoRA weights (peft's format)
     PATH/adapter/adapter_config.json
-    PATH/optimizer.pt                        AdamW state (torch.save; loaded with weights_only=True)
-    PATH/backend.json                        step, base model, LoRA settings
+    PATH/optimizer.safetensors               AdamW state (its description in the file's metadata)
+    PATH/backend.json                        step, base model, LoRA settings, encoding
+
+The adapter and the optimizer's moments are stored exactly (float32) unless the caller gives a size
+bound they would exceed; then in bf16 or the compact encoding (ait.outer.state_codec). An older
+checkpoint's PATH/optimizer.pt (torch.save) still loads.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ from ait.outer.types import StepStats, TrajectoryGroup
 
 ADAPTER_DIR = "adapter"
 ADAPTER_FILE = "adapter_model.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
 _MODULES_TO_SAVE = re.compile(r"\.modules_to_save\.[^.]+(?=\.)")
 
 
@@ -246,30 +251,67 @@ class LocalBackend:
                          extra={"grad_norm": float(grad_norm), "active_tokens": float(drift_n),
                                 "kl_sample_train": drift / max(drift_n, 1)})
 
-    def save(self, path: str) -> None:
-        import torch
+    def trainable_params(self) -> int:
+        """Trainable (LoRA) parameters: what a checkpoint's size scales with (ait.outer.state_codec)."""
+        return sum(q.numel() for q in self.params.values())
+
+    def save(self, path: str, *, max_bytes: float | None = None) -> dict[str, Any]:
+        """Adapter, AdamW state and step, in the most exact encoding (ait.outer.state_codec) whose
+        size fits `max_bytes` (None: float32, exact). Returns what backend.json records."""
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        from ait.outer import state_codec
 
         out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
+        (out / ADAPTER_DIR).mkdir(parents=True, exist_ok=True)
+        encoding, fits = state_codec.choose_encoding(self.trainable_params(), max_bytes)
+        dtype = state_codec.adapter_dtype(encoding)
         # LoRA tensors only: the base weights are never trained, so an adapter on lm_head or the
         # embeddings need not carry a copy of them (peft's "auto" would save it).
-        self.model.save_pretrained(str(out / ADAPTER_DIR), save_embedding_layers=False)
-        torch.save(self.optimizer.state_dict(), out / "optimizer.pt")
+        weights = get_peft_model_state_dict(self.model, save_embedding_layers=False)
+        save_file({k: v.detach().to("cpu", dtype).contiguous() for k, v in weights.items()},
+                  str(out / ADAPTER_DIR / ADAPTER_FILE), metadata={"format": "pt"})
+        self.model.peft_config["default"].save_pretrained(str(out / ADAPTER_DIR))
+        names = list(self.params)
+        tensors, meta = state_codec.encode_optimizer(self.optimizer.state_dict(), names, encoding)
+        save_file(tensors, str(out / OPTIMIZER_FILE), metadata={"ait_optimizer": json.dumps(meta)})
         t = self.config.trainer
-        (out / "backend.json").write_text(json.dumps({
-            "backend": "local", "step": self.step, "model": self.model_name, "lora_r": t.lora_r,
-            "lora_alpha": t.lora_alpha, "saved_at": time.time()}, indent=2) + "\n")
+        record = {"backend": "local", "step": self.step, "model": self.model_name, "lora_r": t.lora_r,
+                  "lora_alpha": t.lora_alpha, "encoding": encoding, "fits": fits,
+                  "trainable_params": self.trainable_params(), "saved_at": time.time()}
+        (out / "backend.json").write_text(json.dumps(record, indent=2) + "\n")
+        return record
 
     def load(self, path: str) -> None:
-        """Resume: adapter weights, optimizer state and step."""
+        """Resume: adapter weights, optimizer state and step (optimizer.safetensors, or an older
+        checkpoint's optimizer.pt)."""
         import torch
 
         meta = read_backend_record(Path(path), "backend.json", "local", self.model_name)
         self._load_adapter(Path(path))
-        state = torch.load(Path(path) / "optimizer.pt", map_location=self.device, weights_only=True)
+        if (Path(path) / OPTIMIZER_FILE).is_file():
+            state = self._read_optimizer(Path(path) / OPTIMIZER_FILE)
+        else:
+            state = torch.load(Path(path) / "optimizer.pt", map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(state)
         self.step = int(meta["step"])
         self.refresh_sampler()
+
+    def _read_optimizer(self, file: Path) -> dict[str, Any]:
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        from ait.outer import state_codec
+
+        with safe_open(str(file), framework="pt") as f:
+            raw = (f.metadata() or {}).get("ait_optimizer")
+        if raw is None:
+            raise CheckpointError(f"{file} has no optimizer description (not written by ait)")
+        try:
+            return state_codec.decode_optimizer(load_file(str(file)), json.loads(raw), list(self.params), self.device)
+        except (KeyError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"{file} does not fit this model's optimizer: {e}") from None
 
     # ---- warm start and supervised steps -----------------------------------------------------
 
