@@ -53,7 +53,7 @@ def test_the_shipped_measurements_load_and_name_committed_files():
 
 def test_the_worker_flag_is_checked():
     result = CliRunner().invoke(app, ["worker", "--queue", "/nonexistent/q.sqlite", "--jobs-per-gpu", "many"])
-    assert result.exit_code != 0 and "--jobs-per-gpu must be a number >= 1 or auto" in result.output
+    assert result.exit_code != 0 and "must be a number >= 1 or auto" in result.output
 
 
 def test_worker_slots_admit_packed_jobs_by_memory_and_rerun_an_oom_alone(tmp_path, monkeypatch):

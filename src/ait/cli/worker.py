@@ -39,6 +39,12 @@ def packing_for(jobs_per_gpu: str, gpu_ids: list[str], mps_thread_percentage: in
     return choice.jobs_per_gpu, mps_thread_percentage or choice.mps_thread_percentage
 
 
+def check_jobs_per_gpu(value: str) -> str:
+    if value != "auto" and not (value.isdigit() and int(value) >= 1):
+        raise typer.BadParameter(f"must be a number >= 1 or auto, got {value!r}")
+    return value
+
+
 def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite queue file (must exist, unless "
                                       "--create)."),
            create: bool = typer.Option(False, "--create", help="Create the queue file if it does not exist."),
@@ -48,7 +54,7 @@ def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite qu
                                                               "CPU; ray: what the cluster fits)."),
            gpus: str | None = typer.Option(None, help="GPU ids for the slots, e.g. 0,1 (none: CPU slots "
                                                          "with CUDA_VISIBLE_DEVICES=''); all: every visible GPU. ray: any value asks Ray for GPUs."),
-           jobs_per_gpu: str = typer.Option("1", help="Jobs packed on one GPU: a number, or auto (the measured K "
+           jobs_per_gpu: str = typer.Option("1", callback=check_jobs_per_gpu, help="Jobs packed on one GPU: a number, or auto (the measured K "
                                             "with the most jobs/hour that fits this GPU, and its MPS share; "
                                             "ait.compute.packing)."),
            mps_thread_percentage: int | None = typer.Option(
@@ -72,8 +78,6 @@ def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite qu
 
     SIGTERM finishes the running jobs (no new ones); a second SIGTERM, or --drain-timeout,
     hands them back to the queue."""
-    if jobs_per_gpu != "auto" and not (jobs_per_gpu.isdigit() and int(jobs_per_gpu) >= 1):
-        fail(f"--jobs-per-gpu must be a number >= 1 or auto, got {jobs_per_gpu!r}")
     from ait.compute.local import LocalLauncher, detect_gpus, parse_gpus, slot_envs
     from ait.compute.worker import WorkerEvent, WorkerOptions, WorkerStats, serve
     from ait.queue import JobQueue, QueueError
