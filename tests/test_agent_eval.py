@@ -187,3 +187,21 @@ def test_a_local_model_is_loaded_once_and_shared_by_concurrent_episodes(monkeypa
     new = eval_cli.policy_factory(EvalPlan(policy="hf:tiny", tasks=["calc_chain_fast"], episodes=4, concurrency=4))
     policies = [new() for _ in range(4)]
     assert loads == ["tiny"] and len({id(p.model) for p in policies}) == 1
+
+
+def test_paired_difference_matches_episodes_and_leaves_out_infra_errors():
+    from ait.agent_eval.stats import paired_difference
+    from ait.agent_eval.types import EpisodeRow
+
+    def row(run_id: str, reward: float, infra: bool = False, task: str = "triage") -> EpisodeRow:
+        return EpisodeRow(task_id=task, run_id=run_id, stop_reason="job_done", infra_error=infra, reward=reward,
+                          validation=0, job_quality=0, uplift_term=0, train_speed=0, valid=True, job_ran=True,
+                          job_failed=False, base_model=None)
+
+    a = [row("t-000", 0.1), row("t-001", 0.5), row("t-002", 0.2), row("t-003", 0.3, infra=True)]
+    b = [row("t-001", 0.7), row("t-000", 0.2), row("t-002", 0.2, infra=True), row("t-003", 0.9),
+         row("t-000", 9.0, task="other")]  # another task's t-000 has no partner
+    d = paired_difference(a, b)
+    assert d.n == 2 and d.mean == pytest.approx(0.15)  # (0.2 - 0.1) and (0.7 - 0.5)
+    # Paired: the spread of the differences (0.1, 0.2), not of the rewards themselves.
+    assert d.se2 == pytest.approx(2 * (0.005 ** 0.5) / (2 ** 0.5))

@@ -122,9 +122,16 @@ def test_two_steps_then_resume(tmp_path: Path) -> None:
     rewards = [e["reward"]["total"] for e in episodes]
     assert sum(r["reward_mean"] * r["episodes"] for r in first) == pytest.approx(sum(rewards))
     # The held-out evaluation went through the agent benchmark's runner: its layout and results.json.
-    assert len(list((run / "heldout").glob("step-*/runs/*/episode.json"))) == 1
-    (held,) = (run / "heldout").glob("step-*/results.json")
+    # The starting policy is evaluated first (step 0), on the same seeds as every later evaluation, and
+    # each later row carries the paired difference with it (held-out transfer).
+    assert len(list((run / "heldout").glob("step-*/runs/*/episode.json"))) == 2
+    start, held = sorted((run / "heldout").glob("step-*/results.json"))
+    assert (start.parent.name, held.parent.name) == ("step-00000", "step-00002")
     assert json.loads(held.read_text())["overall"]["episodes"] == 1
+    (a,), (b,) = (json.loads(p.read_text())["episodes"] for p in (start, held))
+    assert (a["task_id"], a["run_id"]) == (b["task_id"], b["run_id"])
+    assert first[1]["heldout_vs_start"] == pytest.approx(b["reward"] - a["reward"])
+    assert first[1]["heldout_start_reward"] == pytest.approx(a["reward"]) and first[1]["heldout_vs_start_se2"] is None
     # The rewards are the harness's: a parseable submission the probe rejects (0.0) or none (-0.1).
     assert set(rewards) == {0.0, -0.1}
     for e in episodes:

@@ -42,3 +42,12 @@ def difference(a: Stat, b: Stat) -> tuple[float | None, float | None]:
         return None, None
     noise = math.sqrt(a.se2 ** 2 + b.se2 ** 2) if a.se2 is not None and b.se2 is not None else None
     return b.mean - a.mean, noise
+
+
+def paired_difference(a: list[EpisodeRow], b: list[EpisodeRow], key: str = "reward") -> Stat:
+    """B − A over the episodes both played with the same task and run id (the same seed where the
+    caller seeds by it), infra errors on either side left out: the mean difference and two standard
+    errors of the paired differences, which cancel what the episode itself contributes."""
+    before = {(r.task_id, r.run_id): r for r in a if not r.infra_error}
+    return stat([getattr(r, key) - getattr(before[(r.task_id, r.run_id)], key)
+                 for r in b if not r.infra_error and (r.task_id, r.run_id) in before])

@@ -98,7 +98,8 @@ class OuterConfig(Strict):
     concurrency: int = Field(default=4, ge=1, le=1024)
     """Episodes in flight at once."""
     heldout_every: int = Field(default=0, ge=0, le=100_000)
-    """Held-out evaluation every N steps (and at the last step); 0 = never."""
+    """Held-out evaluation every N steps (and at the last step), after one of the starting policy (step 0)
+    on the same seeds: each row then carries the paired difference with it (heldout_vs_start); 0 = never."""
     heldout_episodes: int = Field(default=4, ge=1, le=1024)
     """Episodes of a held-out evaluation (spread over heldout_tasks)."""
     heldout_temperature: float = Field(default=0.0, ge=0.0, le=2.0)

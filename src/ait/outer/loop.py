@@ -107,6 +107,9 @@ def train(config: OuterConfig | None, run_dir: str | Path | None = None, *, resu
     row: dict[str, Any] = {}
     t_last = time.monotonic()
     try:
+        if run.heldout_paths and step == 0 and not heldout_results(run, 0):
+            say("step 0: held-out evaluation of the starting policy (later ones are compared with it)")
+            usd_total += sum(e.result.cost.total_usd for e in evaluate_heldout(run, 0))
         while step < config.max_steps:
             if config.budget_usd is not None and usd_total >= config.budget_usd:
                 stopped = "budget"
@@ -130,7 +133,8 @@ def train(config: OuterConfig | None, run_dir: str | Path | None = None, *, resu
             row = step_metrics(step, groups, stats, version=backend.step, seconds=now - t_last,
                                staleness=[version - g.group.policy_version for g in groups],
                                resampled=len(dropped), usd=usd, usd_total=usd_total, heldout=heldout,
-                               infra_errors=sum(len(g.infra) for g in groups + dropped))
+                               infra_errors=sum(len(g.infra) for g in groups + dropped),
+                               transfer=heldout_transfer(run, step) if heldout is not None else None)
             t_last = now
             run.metrics.append(row)
             if step % config.checkpoint_every == 0 or step == config.max_steps:
@@ -381,7 +385,9 @@ def evaluate_heldout(run: Run, step: int) -> list[Episode]:
 
     def play_one(spec, path, runs, run_id) -> Any:
         index = int(run_id.rsplit("-", 1)[1]) + per_task * [s.id for s, _ in specs].index(spec.id)
-        seed = (config.seed * 7_919 + step * 101 + index) % 2**63
+        # Not the step: every held-out evaluation replays the same seeds, so any two of them (the
+        # starting policy's and a later one, say) are a paired comparison.
+        seed = (config.seed * 7_919 + index) % 2**63
         episode = play(run.backend, spec, path, run.episode_config, runs, run_id, seed, run.sampler.stopping,
                        config.heldout_temperature)
         played.append(episode)
@@ -389,6 +395,25 @@ def evaluate_heldout(run: Run, step: int) -> list[Episode]:
 
     run_eval(plan, specs, run.dir / "heldout" / f"step-{step:05d}", play_one)
     return played
+
+
+def heldout_results(run: Run, step: int):
+    """The held-out evaluation of `step` as ait.agent_eval wrote it (None when it did not run)."""
+    from ait.agent_eval.types import EvalResults
+
+    path = run.dir / "heldout" / f"step-{step:05d}" / "results.json"
+    return EvalResults.model_validate_json(path.read_text()) if path.is_file() else None
+
+
+def heldout_transfer(run: Run, step: int):
+    """This step's held-out reward minus the starting policy's, paired by episode (same tasks, same
+    seeds), with two standard errors; None without a step-0 evaluation."""
+    from ait.agent_eval.stats import paired_difference
+
+    start, now = heldout_results(run, 0), heldout_results(run, step)
+    if start is None or now is None:
+        return None
+    return paired_difference(start.episodes, now.episodes), start.overall.reward.mean
 
 
 def load_run_config(run_dir: Path) -> OuterConfig:

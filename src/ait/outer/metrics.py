@@ -53,6 +53,10 @@ HELDOUT_KEYS: dict[str, str] = {
     "heldout_reward": "mean reward of the held-out (triage) episodes, policy after this step's update",
     "heldout_n": "held-out episodes run",
     "heldout_reward_se2": "two standard errors of heldout_reward (null below two episodes)",
+    "heldout_start_reward": "mean held-out reward of the starting policy (step 0, before any update)",
+    "heldout_vs_start": "held-out transfer: this step's reward minus the starting policy's, paired by episode "
+                        "(same tasks and seeds)",
+    "heldout_vs_start_se2": "two standard errors of the paired differences (null below two pairs)",
 }
 
 
@@ -121,7 +125,8 @@ def mean(xs: list[float]) -> float | None:
 
 def step_metrics(step: int, groups: list[SampledGroup], stats: StepStats, *, version: int, seconds: float,
                  staleness: list[int], resampled: int, usd: float, usd_total: float,
-                 heldout: list[Episode] | None = None, infra_errors: int = 0) -> dict[str, Any]:
+                 heldout: list[Episode] | None = None, infra_errors: int = 0,
+                 transfer: tuple[Any, float | None] | None = None) -> dict[str, Any]:
     episodes = [e for g in groups for e in g.episodes]
     rewards = [e.trajectory.reward for e in episodes]
     results = [e.result for e in episodes]
@@ -160,6 +165,9 @@ def step_metrics(step: int, groups: list[SampledGroup], stats: StepStats, *, ver
 
         held = stat([e.trajectory.reward for e in heldout])
         row["heldout_reward"], row["heldout_reward_se2"], row["heldout_n"] = held.mean, held.se2, len(heldout)
+        if transfer is not None:  # (paired difference with the step-0 evaluation, its mean reward)
+            diff, row["heldout_start_reward"] = transfer
+            row["heldout_vs_start"], row["heldout_vs_start_se2"] = diff.mean, diff.se2
     row.update({f"trainer/{k}": v for k, v in stats.extra.items()})
     return row
 
