@@ -127,6 +127,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "heldout_first": heldout[0][1] if heldout else None,
         "heldout_last": heldout[-1][1] if heldout else None,
         "heldout_evals": len(heldout),
+        # held-out transfer: the last evaluation against the starting policy's, paired by episode
+        "heldout_start": next((r["heldout_start_reward"] for r in reversed(rows)
+                               if r.get("heldout_start_reward") is not None), None),
+        "heldout_vs_start": next((r["heldout_vs_start"] for r in reversed(rows)
+                                  if r.get("heldout_vs_start") is not None), None),
+        "heldout_vs_start_se2": next((r["heldout_vs_start_se2"] for r in reversed(rows)
+                                      if r.get("heldout_vs_start") is not None and r.get("heldout_vs_start_se2") is not None), None),
         "usd_total": total("usd"),
         "policy_tokens": total("policy_tokens"),
         "train_tokens": total("train_tokens"),
