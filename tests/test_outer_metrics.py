@@ -65,6 +65,8 @@ def test_step_row() -> None:
     assert hp["learning_rate"] == pytest.approx(1 / 3) and hp["lora"] == pytest.approx(1 / 3)
     assert hp["beta"] == 0.0  # set, but to the default: not a use of the surface
     assert hp["max_steps"] == 0.0 and set(hp) >= {"temperature", "loss_type", "warmup_steps"}
+    template_lr = f"{TEMPLATE['train']['learning_rate']:g}"
+    assert row["learning_rate_share"] == {"5e-05": pytest.approx(1 / 3), template_lr: pytest.approx(2 / 3)}
     assert row["staleness_mean"] == 0.5 and row["staleness_max"] == 1 and row["resampled_groups"] == 2
     assert row["timed_out"] == 1 and row["policy_tokens"] == 12 and row["train_tokens"] == 12
     assert row["loss"] == -0.25 and row["usd"] == 0.5 and row["trainer/grad_norm"] == 0.5
@@ -75,7 +77,7 @@ def test_a_step_without_jobs_has_empty_shares_and_null_means() -> None:
     row = step_metrics(1, [group(episode(-0.1), episode(-0.1))], StepStats(step=0, loss=0.0, tokens=6, datums=2,
                        seconds=0.0, extra={"skipped": 1.0}), version=0, seconds=1.0, staleness=[0], resampled=0,
                        usd=0.0, usd_total=0.0)
-    assert row["base_model_share"] == {} and row["hparam_use"] == {}
+    assert row["base_model_share"] == {} and row["hparam_use"] == {} and row["learning_rate_share"] == {}
     assert row["post_mean"] is None and row["uplift_mean"] is None and row["reward_std"] == 0.0
     assert "heldout_reward" not in row
 

@@ -36,6 +36,7 @@ KEYS: dict[str, str] = {
     "valid_rate": "fraction of episodes that submitted a valid job",
     "base_model_share": "{base model: fraction} over episodes whose scored job ran",
     "hparam_use": "{job.toml [train] key: fraction of the jobs run that set it beyond the template default}",
+    "learning_rate_share": "{learning rate: fraction of the jobs run that used it} (the template's included)",
     "staleness_mean": "mean over trained groups of (policy version at training − version the group was sampled at)",
     "staleness_max": "largest such staleness",
     "resampled_groups": "groups dropped this step (and sampled again) for exceeding max_steps_off_policy, or "
@@ -135,6 +136,7 @@ def step_metrics(step: int, groups: list[SampledGroup], stats: StepStats, *, ver
     configs = [c for r in results for c in jobs_configs(r)]
     defaults = template_defaults()
     used = [keys_set(c, defaults) for c in configs]
+    rates = [f"{c.train.learning_rate:g}" for c in configs]
     row: dict[str, Any] = {
         "step": step, "time": time.time(), "seconds": seconds, "policy_version": version,
         "episodes": len(episodes),
@@ -149,6 +151,8 @@ def step_metrics(step: int, groups: list[SampledGroup], stats: StepStats, *, ver
         "valid_rate": mean([float(r.reward.valid_attempt is not None) for r in results]),
         "base_model_share": {m: scored.count(m) / len(scored) for m in sorted(set(scored))},
         "hparam_use": {k: sum(k in u for u in used) / len(used) for k in sorted(defaults)} if used else {},
+        # What the jobs set it to, the learning rate above all (on Qwen, 1e-6..3e-6 helped and 1e-5 hurt).
+        "learning_rate_share": {lr: rates.count(lr) / len(rates) for lr in sorted(set(rates), key=float)},
         "staleness_mean": mean([float(s) for s in staleness]) or 0.0,
         "staleness_max": max(staleness, default=0),
         "resampled_groups": resampled,
