@@ -15,7 +15,9 @@ a cold start for that job (ait.sandbox.run_untrusted).
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -46,5 +48,7 @@ def train_zygote() -> Zygote | None:
     zygote = getattr(_local, "zygote", None)
     if zygote is None:
         home = Path(tempfile.mkdtemp(prefix="ait-train-zygote-"))
+        # Registered before the zygote's own close (atexit runs last-in first-out): stop it, then remove its home.
+        atexit.register(shutil.rmtree, home, ignore_errors=True)
         zygote = _local.zygote = Zygote(TRAIN_PRELOAD, env=scrubbed_env(home, {}))
     return zygote
