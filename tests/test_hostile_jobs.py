@@ -148,7 +148,7 @@ def test_hostile_jobs_are_contained_and_the_worker_serves_the_next_job(tmp_path,
     queue = JobQueue(tmp_path / "queue.sqlite", lease_s=30)
     for name in chosen:
         queue.enqueue(make_job(tmp_path, name, table[name][0]))
-    queue.enqueue(make_job(tmp_path, "flood", "while True:\n    print('x' * 100_000)", budget=25.0))
+    queue.enqueue(make_job(tmp_path, "flood", "while True:\n    print('x' * 100_000)", budget=12.0))
     queue.enqueue(make_job(tmp_path, "good", "pass"))
 
     assert run_worker(queue, once=True) == len(chosen) + 2
@@ -159,6 +159,9 @@ def test_hostile_jobs_are_contained_and_the_worker_serves_the_next_job(tmp_path,
         assert not r.ok and r.fail_reason is not None and any(n in r.error for n in table[name][1]), \
             (name, (r.error or "")[-800:])
     assert queue.result("memory_bomb").fail_reason is FailReason.oom
+    # The pids limit stops a fork bomb growing, not churning: the watchdog ends it in seconds.
+    bomb = queue.result("fork_bomb")
+    assert bomb.fail_reason is FailReason.crash and "a fork bomb" in bomb.error and bomb.train_seconds < 20
     assert queue.result("flood").fail_reason is FailReason.timeout
     flood_log = tmp_path / "flood" / "run" / "logs" / "train.log"
     assert flood_log.stat().st_size < 6_000_000 and b"bytes of output dropped" in flood_log.read_bytes()

@@ -165,3 +165,28 @@ def os_exists(path) -> bool:
 class SimpleJob:
     def __init__(self, workspace: str):
         self.workspace, self.time_budget_s, self.kill_factor = workspace, 60.0, 1.5
+
+
+def test_the_namespace_waiter_dies_of_the_signal_that_killed_its_run():
+    """A run SIGKILLed (by a cgroup's OOM killer, say) is reported as killed by SIGKILL, not as the
+    waiter's own traceback: SIGKILL's handler cannot be reset (EINVAL), so the waiter must not try."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from ait.sandbox.detect import cached_capabilities
+
+    if not cached_capabilities().active("mounts"):
+        pytest.skip("needs mount and PID namespaces")
+    code = "import time\nfrom ait.sandbox.mounts import unshare_and_fork\nunshare_and_fork()\ntime.sleep(60)"
+    waiter = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    children = Path(f"/proc/{waiter.pid}/task/{waiter.pid}/children")
+    deadline = time.monotonic() + 30
+    while not children.read_text().split() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(int(children.read_text().split()[0]), signal.SIGKILL)  # the run, PID 1 of its namespace
+    _, stderr = waiter.communicate(timeout=30)
+    assert waiter.returncode == -signal.SIGKILL and "Traceback" not in stderr, stderr[-2000:]

@@ -56,7 +56,7 @@ def test_attacks_are_contained_under_warm_starts(tmp_path, loopback_server, monk
     monkeypatch.setenv("OPENAI_API_KEY", "sk-parent-secret-123")
     # The attacks whose refusal depends on what a forked child inherits (files, sockets, environment,
     # limits); the full list runs cold in test_hostile_jobs.py.
-    chosen = ["read_secret", "net", "env_secret", "memory_bomb"]
+    chosen = ["read_secret", "net", "env_secret", "memory_bomb", "fork_bomb"]
     table = attacks(port, tmp_path)
     queue = JobQueue(tmp_path / "queue.sqlite", lease_s=30)
     for name in chosen:
@@ -67,6 +67,8 @@ def test_attacks_are_contained_under_warm_starts(tmp_path, loopback_server, monk
         r = queue.result(name)
         assert not r.ok and any(n in (r.error or "") for n in table[name][1]), (name, (r.error or "")[-800:])
     assert queue.result("memory_bomb").fail_reason is FailReason.oom
+    bomb = queue.result("fork_bomb")  # the zygote watches its child as a cold start's parent does
+    assert bomb.fail_reason is FailReason.crash and "a fork bomb" in bomb.error and bomb.train_seconds < 20
     # An exit handler runs as in a cold interpreter, and is refused the same way.
     assert not (tmp_path / "ae.txt").exists()
     assert not accepted

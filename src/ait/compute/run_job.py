@@ -52,6 +52,8 @@ def classify_failure(outcome: RunOutcome) -> FailReason:
         return FailReason.timeout
     if outcome.oom_killed or outcome.returncode == EXIT_OOM:
         return FailReason.oom
+    if outcome.watchdog:  # killed for its task count (a fork bomb): the job's own doing
+        return FailReason.crash
     if outcome.returncode == EXIT_GPU_FAULT:
         return FailReason.gpu_fault
     if outcome.returncode is not None and outcome.returncode < 0:
@@ -156,6 +158,8 @@ def _score(job: Job, job_dir: Path, outcome: RunOutcome, evaluator, req, eval_di
         reason = classify_failure(outcome)
         detail = f"training timed out after {outcome.seconds:.0f}s" if outcome.timed_out else \
             f"training exited with status {outcome.returncode} ({reason.value})"
+        if outcome.watchdog:
+            detail = f"training was killed: {outcome.watchdog}"
         if outcome.returncode == EXIT_NO_GPU:
             detail = "the GPU this job's slot was given is not usable inside the sandbox (see `ait doctor`)"
         return JobResult(ok=False, fail_reason=reason, error=f"{detail}\n{outcome.log_tail}",

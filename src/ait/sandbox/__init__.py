@@ -25,6 +25,7 @@ from pathlib import Path
 from ait.sandbox import cgroup
 from ait.sandbox.process import RunOutcome, StartedProcess, kill_group_pid, python_argv
 from ait.sandbox.types import Limits, SandboxPolicy
+from ait.sandbox.watch import finish_watch, start_watchdog
 
 __all__ = ["UNSAFE_ENV", "Limits", "RunOutcome", "SandboxPolicy", "SandboxUnavailable", "StartedProcess",
            "gpu_settings", "kill_group_pid", "python_argv", "require_isolation", "run_untrusted",
@@ -107,15 +108,20 @@ def gpu_settings(extra_env: dict[str, str] | None = None) -> tuple[bool, str | N
     return gpu, (mps if usable else None)
 
 
-def count_user_processes() -> int:
+def count_user_tasks() -> int:
+    """Tasks (threads) this user has now: RLIMIT_NPROC counts threads, so a run's limit of
+    `processes` more than this leaves it exactly that many (counting processes alone would leave
+    a run on a host with many threads, such as a Ray worker, far fewer)."""
     uid = os.getuid()
     count = 0
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 if os.stat(f"/proc/{entry}").st_uid == uid:
-                    count += 1
-            except OSError:
+                    with open(f"/proc/{entry}/stat", "rb") as f:
+                        raw = f.read()
+                    count += int(raw[raw.rfind(b")") + 2:].split()[17])
+            except (OSError, ValueError, IndexError):
                 pass
     return count
 
@@ -133,22 +139,26 @@ def start_untrusted(args: list[str], *, cwd: str | Path, log_path: str | Path, p
     layers = [layer.name for layer in capabilities.layers if layer.active]
     groups = cgroup.create(policy.limits.processes, policy.limits.memory_bytes) if "cgroups" in layers else []
     has_pids_max = any(Path(g, "pids.max").exists() for g in groups)
-    nproc = None if has_pids_max else count_user_processes() + policy.limits.processes
+    nproc = None if has_pids_max else count_user_tasks() + policy.limits.processes
     plan = LaunchPlan(policy=policy, layers=layers, paths=plan_paths(policy), cgroups=groups, nproc_limit=nproc,
                       args=python_argv(args))
     child_env = scrubbed_env(Path(policy.write[0]), {**(env or {}), **({"AIT_EXPECT_GPU": "1"} if policy.gpu else {})})
 
+    watchdog = []  # the run's watchdog, once its session exists
+
     def on_exit() -> dict:
         events = cgroup.oom_events(groups)
         cgroup.destroy(groups)
-        return events
+        return {**events, **finish_watch(watchdog[0] if watchdog else None)}
 
     try:
-        return StartedProcess(["-m", "ait.sandbox.launch", plan.model_dump_json()], cwd=cwd, log_path=log_path,
-                              env=child_env, stdin=stdin, on_exit=on_exit)
+        started = StartedProcess(["-m", "ait.sandbox.launch", plan.model_dump_json()], cwd=cwd, log_path=log_path,
+                                 env=child_env, stdin=stdin, on_exit=on_exit)
     except BaseException:
         cgroup.destroy(groups)
         raise
+    watchdog.append(start_watchdog(started.pid, policy.limits, groups))  # its session id is its pid
+    return started
 
 
 def run_untrusted(args: list[str], *, cwd: str | Path, timeout_s: float, log_path: str | Path,
@@ -167,14 +177,14 @@ def run_untrusted(args: list[str], *, cwd: str | Path, timeout_s: float, log_pat
         groups = cgroup.create(policy.limits.processes, policy.limits.memory_bytes) if "cgroups" in layers else []
         try:
             nproc = None if any(Path(g, "pids.max").exists() for g in groups) else \
-                count_user_processes() + policy.limits.processes
+                count_user_tasks() + policy.limits.processes
             plan = LaunchPlan(policy=policy, layers=layers, paths=plan_paths(policy), cgroups=groups,
                               nproc_limit=nproc)
             child_env = scrubbed_env(Path(policy.write[0]), {**(env or {}),
                                                              **({"AIT_EXPECT_GPU": "1"} if policy.gpu else {})})
             reply = zygote.run(plan, args[1], args[2:], cwd=str(cwd), env=child_env, log_path=str(log_path),
                                timeout_s=timeout_s)
-            events = cgroup.oom_events(groups)
+            events = {**cgroup.oom_events(groups), **reply.get("watch", {})}
             return RunOutcome(reply["returncode"], reply["timed_out"], reply["seconds"], reply.get("log_tail", ""),
                               **events)
         except ZygoteError:

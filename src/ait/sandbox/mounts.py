@@ -86,7 +86,8 @@ def unshare_and_fork() -> None:
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):  # die of the same signal, so the parent sees what really happened
         sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # their handlers cannot be set (EINVAL), nor need to be
+            signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 

@@ -71,7 +71,10 @@ class RunOutcome:
     oom_killed: bool = False
     """The kernel's OOM killer killed a process of the run (seen in its memory cgroup's events)."""
     memory_observed: bool = False
-    """A memory cgroup watched the run, so `oom_killed` is a real observation, not a default."""
+    """A memory cgroup (or ait's watchdog, where no cgroup is writable) watched the run, so
+    `oom_killed` is a real observation, not a default."""
+    watchdog: str | None = None
+    """Why ait's watchdog killed the run (ait.sandbox.watch), if it did."""
 
 
 def open_log(path: Path):
@@ -171,7 +174,7 @@ class StartedProcess:
         info = self._exit_info or {}
         return RunOutcome(None if timed_out else self.proc.returncode, timed_out, time.monotonic() - self.start,
                           self.capture.tail(), oom_killed=info.get("oom_killed", False),
-                          memory_observed=info.get("memory_observed", False))
+                          memory_observed=info.get("memory_observed", False), watchdog=info.get("watchdog"))
 
     def kill(self) -> None:
         kill_group_pid(self.proc.pid)  # also reaps grandchildren left behind by a finished parent

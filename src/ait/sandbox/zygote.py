@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ait.sandbox.launch import LaunchPlan, apply
 from ait.sandbox.process import Capture, kill_group_pid, python_argv
+from ait.sandbox.watch import finish_watch, start_watchdog
 
 PR_SET_PDEATHSIG = 1
 
@@ -154,6 +155,8 @@ def _serve_one(req: dict) -> dict:
         _child(req, write_fd)
     os.close(write_fd)
     capture = Capture(os.fdopen(read_fd, "rb"), Path(req["log_path"]))
+    plan = LaunchPlan.model_validate(req["plan"])
+    watchdog = start_watchdog(pid, plan.policy.limits, plan.cgroups)  # the child's setsid makes its pid the session
     deadline, status, timed_out = start + req["timeout_s"], None, False
     while status is None:
         done, raw = os.waitpid(pid, os.WNOHANG)
@@ -168,7 +171,7 @@ def _serve_one(req: dict) -> dict:
     kill_group_pid(pid)  # whatever the child left running in its group
     capture.join()
     return {"returncode": None if timed_out else os.waitstatus_to_exitcode(status), "timed_out": timed_out,
-            "seconds": time.monotonic() - start, "log_tail": capture.tail()}
+            "seconds": time.monotonic() - start, "log_tail": capture.tail(), "watch": finish_watch(watchdog)}
 
 
 def main(preload: list[str]) -> None:

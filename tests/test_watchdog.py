@@ -1,0 +1,104 @@
+"""The sandbox's watchdog (ait.sandbox.watch): a run stuck at its task limit, or over its memory
+where no cgroup bounds it, is killed as a whole group with a verdict that says why."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ait.sandbox.process import RunOutcome
+from ait.sandbox.watch import Watchdog, finish_watch, memory_bytes, session_members
+from ait.compute.run_job import classify_failure
+from ait.job.types import FailReason
+
+FORKS = """
+import os, sys, time
+for _ in range(int(sys.argv[1])):
+    if os.fork() == 0:
+        time.sleep(60)
+        os._exit(0)
+time.sleep(60)
+"""
+
+ALLOCATES = """
+import sys, time
+block = bytearray(int(sys.argv[1]) * 2**20)
+for i in range(0, len(block), 4096):
+    block[i] = 1  # touched: resident, not only reserved
+print("allocated", flush=True)
+time.sleep(60)
+"""
+
+
+def start(code: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code, *args], start_new_session=True,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def wait_dead(proc: subprocess.Popen, seconds: float) -> bool:
+    try:
+        proc.wait(timeout=seconds)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def test_a_run_stuck_at_its_task_limit_is_killed_with_all_its_processes():
+    proc = start(FORKS, "11")  # 12 processes
+    try:
+        deadline = time.monotonic() + 10
+        while len(session_members(proc.pid)) < 12 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(session_members(proc.pid)) == 12
+        dog = Watchdog(proc.pid, memory_limit=None, task_limit=12)
+        assert wait_dead(proc, 10)
+        result = finish_watch(dog)
+        assert "held 12 processes" in result["watchdog"] and "fork bomb" in result["watchdog"]
+        assert "oom_killed" not in result  # a task verdict is not an OOM
+        deadline = time.monotonic() + 5
+        while session_members(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert session_members(proc.pid) == []  # the children went with the group
+    finally:
+        os.killpg(proc.pid, 9) if session_members(proc.pid) else None
+
+
+def test_a_run_below_its_limits_is_left_alone():
+    proc = start(FORKS, "3")
+    try:
+        dog = Watchdog(proc.pid, memory_limit=2**30, task_limit=12)
+        assert not wait_dead(proc, 3.5)  # past the 2 s a stuck run would get
+        assert finish_watch(dog) == {} and dog.peak_memory > 0
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+
+
+def test_memory_over_the_limit_is_an_observed_oom():
+    proc = start(ALLOCATES, "300")
+    try:
+        assert proc.stdout.readline().strip() == "allocated"
+        assert memory_bytes([proc.pid], 2**40) > 250 * 2**20
+        dog = Watchdog(proc.pid, memory_limit=200 * 2**20, task_limit=None)
+        assert wait_dead(proc, 10)
+        result = finish_watch(dog)
+        assert result["oom_killed"] and result["memory_observed"] and "over its limit of 0.2 GiB" in result["watchdog"]
+        outcome = RunOutcome(proc.returncode, False, 1.0, "", **result)
+        assert classify_failure(outcome) is FailReason.oom
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+
+
+def test_a_task_verdict_is_the_jobs_crash_not_an_oom():
+    outcome = RunOutcome(-9, False, 1.0, "", watchdog="the run held 128 processes (128 tasks) at its limit")
+    assert classify_failure(outcome) is FailReason.crash
+
+
+def test_a_watchdog_refuses_its_own_session():
+    with pytest.raises(ValueError, match="own session"):
+        Watchdog(os.getsid(0), memory_limit=None, task_limit=1)
