@@ -27,10 +27,11 @@ from ait.compute.run_job import run_job  # noqa: E402
 from ait.sandbox.watch import Watchdog, start_watchdog  # noqa: E402
 
 
-def memory_rule_only(sid, limits, cgroups):
-    dog = start_watchdog(sid, limits, cgroups)
+def memory_rule_only(sid, policy, cgroups):
+    dog = start_watchdog(sid, policy, cgroups)
     dog.stop()  # the full watchdog, replaced by one without the task rule
-    return Watchdog(sid, memory_limit=dog.memory_limit, task_limit=None)
+    return Watchdog(sid, memory_limit=dog.memory_limit, task_limit=None, write_paths=dog.write_paths,
+                    disk_limit=dog.disk_limit, file_limit=dog.file_limit)
 
 
 def one(root: Path, name: str) -> dict:

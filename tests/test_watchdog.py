@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -86,7 +87,7 @@ def test_memory_over_the_limit_is_an_observed_oom():
         dog = Watchdog(proc.pid, memory_limit=200 * 2**20, task_limit=None)
         assert wait_dead(proc, 10)
         result = finish_watch(dog)
-        assert result["oom_killed"] and result["memory_observed"] and "over its limit of 0.2 GiB" in result["watchdog"]
+        assert result["oom_killed"] and result["memory_observed"] and "over its limit of 200 MiB" in result["watchdog"]
         outcome = RunOutcome(proc.returncode, False, 1.0, "", **result)
         assert classify_failure(outcome) is FailReason.oom
     finally:
@@ -102,3 +103,54 @@ def test_a_task_verdict_is_the_jobs_crash_not_an_oom():
 def test_a_watchdog_refuses_its_own_session():
     with pytest.raises(ValueError, match="own session"):
         Watchdog(os.getsid(0), memory_limit=None, task_limit=1)
+
+
+WRITES = """
+import os, sys
+os.makedirs(sys.argv[1], exist_ok=True)
+for i in range(100_000):
+    with open(os.path.join(sys.argv[1], f"f{i}"), "wb") as f:
+        f.write(b"x" * int(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("rule", ["bytes", "files"])
+def test_a_run_that_fills_its_directory_is_killed(tmp_path, rule):
+    out = tmp_path / "run"
+    proc = start(WRITES + "\nimport time; time.sleep(60)", str(out), "1048576" if rule == "bytes" else "0")
+    limits = {"disk_limit": 20 * 2**20} if rule == "bytes" else {"file_limit": 500}
+    dog = Watchdog(proc.pid, memory_limit=None, task_limit=None, write_paths=[str(out)], **limits)
+    try:
+        assert wait_dead(proc, 20)
+        result = finish_watch(dog)
+        assert result["watchdog_rule"] == "disk"
+        assert ("more than 20 MiB" in result["watchdog"]) if rule == "bytes" else ("more than 500 files" in result["watchdog"])
+        assert classify_failure(RunOutcome(proc.returncode, False, 1.0, "", **result)) is FailReason.crash
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+
+
+def test_a_sandboxed_job_that_fills_the_disk_is_killed_and_what_it_wrote_deleted(tmp_path, monkeypatch):
+    """Through run_job, as a worker runs it: a training job writing in a loop into its directory."""
+    from ait.compute import run_job as run_job_mod
+    from ait.sandbox.detect import cached_capabilities
+    from tests.test_hostile_jobs import make_job
+
+    if not cached_capabilities().active("landlock"):
+        pytest.skip("needs Landlock on this kernel")
+    policy_for = run_job_mod.train_policy
+
+    def small_disk(*args, **kwargs):
+        policy = policy_for(*args, **kwargs)
+        return policy.model_copy(update={"limits": policy.limits.model_copy(update={"disk_bytes": 64 * 2**20})})
+
+    monkeypatch.setattr(run_job_mod, "train_policy", small_disk)
+    fill = ("import os\nwhile True:\n    with open(os.path.join(os.getcwd(), f'fill{os.urandom(4).hex()}'), 'wb') as f:\n"
+            "        f.write(os.urandom(2**20))")
+    job = make_job(tmp_path, "fill", fill)
+    result = run_job_mod.run_job(job)
+    assert not result.ok and result.fail_reason is FailReason.crash
+    assert "over its disk limit" in result.error and "what it wrote was deleted" in result.error
+    job_dir = Path(job.run_dir) / "job"
+    assert job_dir.is_dir() and not any(job_dir.iterdir())

@@ -52,7 +52,7 @@ def classify_failure(outcome: RunOutcome) -> FailReason:
         return FailReason.timeout
     if outcome.oom_killed or outcome.returncode == EXIT_OOM:
         return FailReason.oom
-    if outcome.watchdog:  # killed for its task count (a fork bomb): the job's own doing
+    if outcome.watchdog:  # killed for its tasks (a fork bomb) or its disk use: the job's own doing
         return FailReason.crash
     if outcome.returncode == EXIT_GPU_FAULT:
         return FailReason.gpu_fault
@@ -160,6 +160,12 @@ def _score(job: Job, job_dir: Path, outcome: RunOutcome, evaluator, req, eval_di
             f"training exited with status {outcome.returncode} ({reason.value})"
         if outcome.watchdog:
             detail = f"training was killed: {outcome.watchdog}"
+        if outcome.watchdog_rule == "disk":
+            # What it wrote is worthless (no checkpoint comes from a killed run) and is what fills
+            # the worker's disk: remove it now, not when the run directory is cleaned up.
+            shutil.rmtree(job_dir, ignore_errors=True)
+            job_dir.mkdir(exist_ok=True)
+            detail += "; what it wrote was deleted"
         if outcome.returncode == EXIT_NO_GPU:
             detail = "the GPU this job's slot was given is not usable inside the sandbox (see `ait doctor`)"
         return JobResult(ok=False, fail_reason=reason, error=f"{detail}\n{outcome.log_tail}",

@@ -29,7 +29,7 @@ MAX_OBSERVATIONS_BYTES = 2_000_000
 PROBE_PRELOAD = ["ait.probe.child", "ait.probe.dry_run", "ait.evals.rollout", "transformers.utils",
                  "transformers.models.qwen3.modeling_qwen3", "trl.chat_template_utils"]
 PROBE_LIMITS = Limits(cpu_s=300, file_bytes=256 * 2**20, processes=64, address_space_bytes=8 * 2**30,
-                      memory_bytes=4 * 2**30)
+                      memory_bytes=4 * 2**30, disk_bytes=2**30, disk_files=10_000)
 
 
 @functools.cache
@@ -124,6 +124,8 @@ def run_child(workspace: Path, req: ProbeRequest, timeout_s: float) -> Observati
         try:
             return Observations.model_validate_json(read_regular_file(obs_path, MAX_OBSERVATIONS_BYTES))
         except (OSError, ValueError):
+            if outcome.watchdog:
+                return ProbeError(check=ProbeCheck.crash, message=f"the probe was killed: {outcome.watchdog}")
             last = (outcome.log_tail.strip().splitlines() or ["no output"])[-1][:300]
             return ProbeError(check=ProbeCheck.crash, message=f"the probe's report is missing or unreadable (exit "
                               f"status {outcome.returncode}): env.py crashed the process, exited early, forked, or "

@@ -157,7 +157,7 @@ def start_untrusted(args: list[str], *, cwd: str | Path, log_path: str | Path, p
     except BaseException:
         cgroup.destroy(groups)
         raise
-    watchdog.append(start_watchdog(started.pid, policy.limits, groups))  # its session id is its pid
+    watchdog.append(start_watchdog(started.pid, policy, groups))  # its session id is its pid
     return started
 
 

@@ -75,6 +75,8 @@ class RunOutcome:
     `oom_killed` is a real observation, not a default."""
     watchdog: str | None = None
     """Why ait's watchdog killed the run (ait.sandbox.watch), if it did."""
+    watchdog_rule: str | None = None
+    """Which of the watchdog's limits that was: "tasks", "memory" or "disk"."""
 
 
 def open_log(path: Path):
@@ -174,7 +176,8 @@ class StartedProcess:
         info = self._exit_info or {}
         return RunOutcome(None if timed_out else self.proc.returncode, timed_out, time.monotonic() - self.start,
                           self.capture.tail(), oom_killed=info.get("oom_killed", False),
-                          memory_observed=info.get("memory_observed", False), watchdog=info.get("watchdog"))
+                          memory_observed=info.get("memory_observed", False), watchdog=info.get("watchdog"),
+                          watchdog_rule=info.get("watchdog_rule"))
 
     def kill(self) -> None:
         kill_group_pid(self.proc.pid)  # also reaps grandchildren left behind by a finished parent

@@ -18,6 +18,12 @@ class Limits(BaseModel):
     """Host memory the whole run may use (memory cgroup, where one is writable)."""
     address_space_bytes: int | None = Field(default=16 * 2**30, ge=2**28)
     """RLIMIT_AS; None where a GPU is used (CUDA maps huge virtual ranges)."""
+    disk_bytes: int | None = Field(default=16 * 2**30, ge=2**20)
+    """Bytes the run may keep in its writable directories, all files together (RLIMIT_FSIZE
+    bounds one file, not a thousand). Checked by ait's watchdog every few seconds, so a fast
+    writer may pass it by a few GB before it is killed."""
+    disk_files: int | None = Field(default=100_000, ge=100)
+    """Files and directories the run may create there (a million empty files fill a disk's inodes)."""
 
 
 class SandboxPolicy(BaseModel):

@@ -1,4 +1,4 @@
-"""A watchdog on every sandboxed run: its task count and, where no cgroup bounds it, its memory.
+"""A watchdog on every sandboxed run: its task count, its disk use and, where no cgroup bounds it, its memory.
 
 A fork bomb meets the pids cgroup (or RLIMIT_NPROC) and stops growing, but not churning: copies
 that fail to fork die and are replaced, each a training process with torch loaded, until the
@@ -12,7 +12,10 @@ and the sandbox refuses setsid inside it) and kills the whole group when
   `STUCK_AT_LIMIT_S`: a run at its task limit cannot start a thread, so a real job there is
   failing already, while a fork bomb stays there as long as its copies replace each other; or
 - (no memory cgroup) its memory, counted as PSS (shared pages split between their users, so
-  forked copies are not counted twice), passes the policy's `memory_bytes`.
+  forked copies are not counted twice), passes the policy's `memory_bytes`; or
+- its writable directories hold more than `disk_bytes` (allocated blocks, so a sparse file costs
+  what it uses) or `disk_files` entries: RLIMIT_FSIZE bounds one file, and a job that writes
+  4 GiB files in a loop would otherwise fill the worker's disk for every job after it.
 The verdict is the watchdog's own observation, as a memory cgroup's OOM event would be.
 """
 
@@ -25,8 +28,13 @@ import time
 from ait.sandbox.process import kill_group_pid
 
 POLL_S = 0.5
+DISK_EVERY = 4  # polls between disk walks (2 s): a walk costs more than a /proc scan
 STUCK_AT_LIMIT_S = 2.0
 PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def size(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def session_members(sid: int) -> list[tuple[int, int]]:
@@ -75,54 +83,93 @@ def memory_bytes(pids: list[int], limit: int) -> int:
     return rough if rough <= limit else sum(_pss_bytes(p) for p in pids)
 
 
-def start_watchdog(sid: int, limits, cgroups: list[str]) -> Watchdog:
-    """The run's watchdog: the task rule always (a pids cgroup, like RLIMIT_NPROC, refuses new
-    tasks but lets a fork bomb churn until its memory runs out: 40 s of every core, measured), the
-    memory rule only where no memory cgroup bounds the run."""
+def disk_usage(paths: list[str], byte_limit: int | None, entry_limit: int | None) -> tuple[int, int]:
+    """(allocated bytes, entries) under `paths`, links not followed; stops counting once either
+    passes its limit, so a directory of millions of files costs one limit's worth of walking."""
+    used = entries = 0
+    stack = list(paths)
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    entries += 1
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    used += st.st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    if (byte_limit and used > byte_limit) or (entry_limit and entries > entry_limit):
+                        return used, entries
+        except OSError:
+            continue
+    return used, entries
+
+
+def start_watchdog(sid: int, policy, cgroups: list[str]) -> Watchdog:
+    """The run's watchdog: the task and disk rules always (a pids cgroup, like RLIMIT_NPROC, refuses
+    new tasks but lets a fork bomb churn until its memory runs out: 40 s of every core, measured;
+    no cgroup bounds disk), the memory rule only where no memory cgroup bounds the run."""
     from pathlib import Path
 
+    limits = policy.limits
     has_memory = any((Path(g) / name).exists() for g in cgroups for name in ("memory.max", "memory.limit_in_bytes"))
-    return Watchdog(sid, memory_limit=None if has_memory else limits.memory_bytes, task_limit=limits.processes)
+    return Watchdog(sid, memory_limit=None if has_memory else limits.memory_bytes, task_limit=limits.processes,
+                    write_paths=list(policy.write), disk_limit=limits.disk_bytes, file_limit=limits.disk_files)
 
 
 class Watchdog:
     """Watches session `sid` from a daemon thread until `stop()`; `verdict` says why it killed it."""
 
-    def __init__(self, sid: int, *, memory_limit: int | None, task_limit: int | None):
+    def __init__(self, sid: int, *, memory_limit: int | None, task_limit: int | None,
+                 write_paths: list[str] | None = None, disk_limit: int | None = None, file_limit: int | None = None):
         if sid == os.getsid(0):
             raise ValueError("a watchdog on its own session would kill the process that runs it")
         self.sid, self.memory_limit, self.task_limit = sid, memory_limit, task_limit
+        self.write_paths, self.disk_limit, self.file_limit = write_paths or [], disk_limit, file_limit
         self.verdict: str | None = None
+        self.rule: str | None = None  # "tasks", "memory" or "disk": which limit the verdict is about
         self.peak_memory = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"ait-watch-{sid}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        at_limit_since = None
+        at_limit_since, polls = None, 0
         while not self._stop.wait(POLL_S):
             members = session_members(self.sid)
             if not members:
                 continue
+            polls += 1
+            if self.write_paths and (self.disk_limit or self.file_limit) and polls % DISK_EVERY == 0:
+                used, entries = disk_usage(self.write_paths, self.disk_limit, self.file_limit)
+                if self.disk_limit and used > self.disk_limit:
+                    self._kill("disk", f"the run wrote more than {size(self.disk_limit)} to disk "
+                               f"({size(used)} counted), over its disk limit")
+                    return
+                if self.file_limit and entries > self.file_limit:
+                    self._kill("disk", f"the run created more than {self.file_limit:,} files, over its limit")
+                    return
             if self.memory_limit:
                 used = memory_bytes([pid for pid, _ in members], self.memory_limit)
                 self.peak_memory = max(self.peak_memory, used)
                 if used > self.memory_limit:
-                    self._kill(f"the run used {used / 2**30:.1f} GiB of memory across {len(members)} processes, "
-                               f"over its limit of {self.memory_limit / 2**30:.1f} GiB")
+                    self._kill("memory", f"the run used {size(used)} of memory across {len(members)} processes, "
+                               f"over its limit of {size(self.memory_limit)}")
                     return
             tasks = sum(threads for _, threads in members)
             if self.task_limit and tasks >= 0.9 * self.task_limit:
                 at_limit_since = at_limit_since or time.monotonic()
                 if time.monotonic() - at_limit_since >= STUCK_AT_LIMIT_S:
-                    self._kill(f"the run held {len(members)} processes ({tasks} tasks) at its limit of "
+                    self._kill("tasks", f"the run held {len(members)} processes ({tasks} tasks) at its limit of "
                                f"{self.task_limit} for {STUCK_AT_LIMIT_S:.0f} s: a fork bomb, or a job that starts too many threads")
                     return
             else:
                 at_limit_since = None
 
-    def _kill(self, verdict: str) -> None:
-        self.verdict = verdict
+    def _kill(self, rule: str, verdict: str) -> None:
+        self.rule, self.verdict = rule, verdict
         kill_group_pid(self.sid)
 
     def stop(self) -> None:
@@ -137,5 +184,5 @@ def finish_watch(watchdog: Watchdog | None) -> dict:
     watchdog.stop()
     if watchdog.verdict is None:
         return {}
-    memory = watchdog.verdict.startswith("the run used")
-    return {"watchdog": watchdog.verdict, **({"oom_killed": True, "memory_observed": True} if memory else {})}
+    memory = {"oom_killed": True, "memory_observed": True} if watchdog.rule == "memory" else {}
+    return {"watchdog": watchdog.verdict, "watchdog_rule": watchdog.rule, **memory}

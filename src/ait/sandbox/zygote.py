@@ -156,7 +156,7 @@ def _serve_one(req: dict) -> dict:
     os.close(write_fd)
     capture = Capture(os.fdopen(read_fd, "rb"), Path(req["log_path"]))
     plan = LaunchPlan.model_validate(req["plan"])
-    watchdog = start_watchdog(pid, plan.policy.limits, plan.cgroups)  # the child's setsid makes its pid the session
+    watchdog = start_watchdog(pid, plan.policy, plan.cgroups)  # the child's setsid makes its pid the session
     deadline, status, timed_out = start + req["timeout_s"], None, False
     while status is None:
         done, raw = os.waitpid(pid, os.WNOHANG)
