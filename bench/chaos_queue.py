@@ -147,8 +147,8 @@ def pick_victim(queue: JobQueue, workers: list[subprocess.Popen], frozen: dict[i
 
 
 def owed_kill(args: argparse.Namespace, counts: dict[str, int], kills: int) -> bool:
-    """True when the run is behind its --min-kills: the k-th of them is due once k/(min_kills+1) of
-    the jobs are done. Timed events alone race the queue (a fast machine drains it first), so a
+    """True when the run is behind its --min-kills (worker and slot kills together): the k-th is due
+    once k/(min_kills+1) of the jobs are done. Timed events alone race the queue (a fast machine drains it first), so a
     run that promises kills gets them whatever the machine's speed."""
     due = args.min_kills and kills < args.min_kills and counts["running"] > 0
     return bool(due and counts["done"] >= (kills + 1) * args.jobs / (args.min_kills + 1))
@@ -234,20 +234,20 @@ def run(args: argparse.Namespace) -> ChaosReport:
             if time.monotonic() > start + args.timeout:
                 print(f"timed out after {args.timeout}s: {counts}", file=sys.stderr)
                 break
-            forced = False
             if next_hit is None and counts["running"]:
                 next_hit = time.monotonic() + rng.uniform(args.kill_min, args.kill_max)
             for i, until in list(frozen.items()):
                 if time.monotonic() >= until:
                     os.kill(workers[i].pid, signal.SIGCONT)
                     del frozen[i]
-            if next_hit and time.monotonic() >= next_hit and args.kill_slots and (kills + freezes + slot_kills) % 2 == 0 \
-                    and kill_a_slot(queue, rng):
-                slot_kills += 1  # the Ray worker process running a job: the job must come back, once
-                next_hit = time.monotonic() + rng.uniform(args.kill_min, args.kill_max)
-            elif ((next_hit and time.monotonic() >= next_hit) or (forced := owed_kill(args, counts, kills))) \
-                    and (i := pick_victim(queue, workers, frozen, rng)) is not None:
-                if args.freeze and not forced and rng.random() < 0.3:
+            forced = owed_kill(args, counts, kills + slot_kills)
+            if (next_hit and time.monotonic() >= next_hit) or forced:
+                hit = True
+                if args.kill_slots and (kills + freezes + slot_kills) % 2 == 0 and kill_a_slot(queue, rng):
+                    slot_kills += 1  # the Ray worker process running a job: the job must come back, once
+                elif (i := pick_victim(queue, workers, frozen, rng)) is None:
+                    hit = False
+                elif args.freeze and not forced and rng.random() < 0.3:
                     os.kill(workers[i].pid, signal.SIGSTOP)  # past its lease: its results come back late
                     frozen[i] = time.monotonic() + args.lease * rng.uniform(1.5, 2.5)
                     freezes += 1
@@ -256,7 +256,8 @@ def run(args: argparse.Namespace) -> ChaosReport:
                     workers[i].wait()
                     kills += 1
                     workers[i] = start_worker(args, queue.path, address)
-                next_hit = time.monotonic() + rng.uniform(args.kill_min, args.kill_max)
+                if hit:
+                    next_hit = time.monotonic() + rng.uniform(args.kill_min, args.kill_max)
             time.sleep(0.05)
         wall = time.monotonic() - start
     finally:
@@ -295,7 +296,7 @@ def main() -> None:
     p.add_argument("--max-attempts", type=int, default=50, help="High: chaos must not turn jobs dead.")
     p.add_argument("--kill-min", type=float, default=1.0)
     p.add_argument("--kill-max", type=float, default=4.0)
-    p.add_argument("--min-kills", type=int, default=0, help="Worker kills the run makes whatever its speed: the "
+    p.add_argument("--min-kills", type=int, default=0, help="Kills (of workers, and of Ray slots with --kill-slots) the run makes whatever its speed: the "
                    "k-th falls once k/(N+1) of the jobs are done, if the timed events have not made it yet.")
     p.add_argument("--freeze", action=argparse.BooleanOptionalAction, default=True,
                    help="Also SIGSTOP workers past their lease (late results to reject).")
