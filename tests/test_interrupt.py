@@ -21,12 +21,18 @@ from ait.sandbox.detect import cached_capabilities
 pytestmark = pytest.mark.skipif(not cached_capabilities().isolating, reason="needs the sandbox")
 
 
+WITH_CTRL_C = ("import runpy, signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+               "sys.argv[0] = 'ait'\nrunpy.run_module('ait.cli', run_name='__main__', alter_sys=True)")
+
+
 class Episode:
     """`ait episode` in a subprocess, its piped progress lines collected as they come."""
 
     def __init__(self, tmp_path: Path, *extra: str):
         self.runs = tmp_path / "runs"
-        self.proc = subprocess.Popen([sys.executable, "-m", "ait.cli", "episode", "--runs-dir", str(self.runs),
+        # SIGINT's Python handler installed explicitly: a test run started in the background by a shell
+        # without job control inherits SIGINT ignored, and a Python started so never sees Ctrl-C.
+        self.proc = subprocess.Popen([sys.executable, "-c", WITH_CTRL_C, "episode", "--runs-dir", str(self.runs),
                                       *extra], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
         self.lines: list[str] = []
