@@ -30,6 +30,7 @@ def episodes_of(out: Path) -> dict[str, dict]:
     return {p.parent.name: json.loads(p.read_text()) for p in sorted((out / "runs").glob("*/episode.json"))}
 
 
+@pytest.mark.slow  # four full episodes (~60 s); the resume and scripted-agent tests below run `ait eval` by default
 def test_reference_eval_over_two_tasks_matches_its_run_dirs(tmp_path):
     out = tmp_path / "eval"
     proc = ait("eval", "--policy", "reference", "--tasks", "calc_chain_fast", "dispatch", "--episodes", "2",

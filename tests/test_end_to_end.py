@@ -252,7 +252,9 @@ def test_baselines_seed_and_show_cli(tmp_path, monkeypatch):
     assert "frozen at" in again.output  # not re-measured without --force
 
 
-@pytest.mark.parametrize("family", ["multi_hop", "string_pipeline", "ledger", "dispatch", "triage"])
+# dispatch runs by default (calc_chain's job runs in the tests above); the others, ~10 s each, under -m slow.
+@pytest.mark.parametrize("family", ["dispatch", *(pytest.param(f, marks=pytest.mark.slow)
+                                                  for f in ("multi_hop", "string_pipeline", "ledger", "triage"))])
 def test_every_reference_job_trains_and_is_scored(tmp_path, family):
     """Each family's reference env runs under TRL (tools as methods, worlds in info) and the
     hidden eval drives the family's own tools. The random tiny model may earn no reward variance,

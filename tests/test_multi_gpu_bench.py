@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "multi_gpu.py"
 
 
+@pytest.mark.slow  # eight episodes through Ray (~25 s); tests/test_ray_gpus.py covers the placement by default
 def test_smoke_spreads_jobs_over_declared_gpus_and_writes_the_figures(tmp_path):
     # ~25 s on 2 CPU cores: four private Ray instances, one after another
     pytest.importorskip("ray")

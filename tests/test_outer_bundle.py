@@ -93,6 +93,7 @@ def test_the_real_agents_bundle_fits_64_mib_in_at_most_8_files() -> None:
 # ---- one arc over two machines --------------------------------------------------------------
 
 
+@pytest.mark.slow  # three outer steps over two "machines" (~45 s); the bundle's parts are tested above by default
 @pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`:UserWarning")
 def test_an_arc_continues_on_another_machine_from_the_bundle_alone(tmp_path: Path, monkeypatch) -> None:
     a, b = tmp_path / "machine-a", tmp_path / "machine-b"
