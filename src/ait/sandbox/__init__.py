@@ -25,7 +25,7 @@ from pathlib import Path
 from ait.sandbox import cgroup
 from ait.sandbox.process import RunOutcome, StartedProcess, kill_group_pid, python_argv
 from ait.sandbox.types import Limits, SandboxPolicy
-from ait.sandbox.watch import finish_watch, start_watchdog
+from ait.sandbox.watch import finish_watch, proc_stats, start_watchdog
 
 __all__ = ["UNSAFE_ENV", "Limits", "RunOutcome", "SandboxPolicy", "SandboxUnavailable", "StartedProcess",
            "gpu_settings", "kill_group_pid", "python_argv", "require_isolation", "run_untrusted",
@@ -114,15 +114,12 @@ def count_user_tasks() -> int:
     a run on a host with many threads, such as a Ray worker, far fewer)."""
     uid = os.getuid()
     count = 0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.stat(f"/proc/{entry}").st_uid == uid:
-                    with open(f"/proc/{entry}/stat", "rb") as f:
-                        raw = f.read()
-                    count += int(raw[raw.rfind(b")") + 2:].split()[17])
-            except (OSError, ValueError, IndexError):
-                pass
+    for pid, _, threads in proc_stats():
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == uid:
+                count += threads
+        except OSError:
+            pass
     return count
 
 

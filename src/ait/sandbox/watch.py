@@ -24,8 +24,10 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 
 from ait.sandbox.process import kill_group_pid
+from ait.sandbox.types import SandboxPolicy
 
 POLL_S = 0.5
 DISK_EVERY = 4  # polls between disk walks (2 s): a walk costs more than a /proc scan
@@ -37,9 +39,9 @@ def size(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-def session_members(sid: int) -> list[tuple[int, int]]:
-    """(pid, threads) of every process in session `sid`, from /proc/PID/stat."""
-    members = []
+def proc_stats() -> list[tuple[int, int, int]]:
+    """(pid, session, threads) of every process, from /proc/PID/stat."""
+    stats = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -50,9 +52,14 @@ def session_members(sid: int) -> list[tuple[int, int]]:
             continue
         fields = raw[raw.rfind(b")") + 2:].split()  # after "(comm)", which may hold spaces
         # fields[0] is the state (stat's field 3): session is field 6, num_threads field 20.
-        if len(fields) > 17 and int(fields[3]) == sid:
-            members.append((int(entry), int(fields[17])))
-    return members
+        if len(fields) > 17:
+            stats.append((int(entry), int(fields[3]), int(fields[17])))
+    return stats
+
+
+def session_members(sid: int) -> list[tuple[int, int]]:
+    """(pid, threads) of every process in session `sid`."""
+    return [(pid, threads) for pid, session, threads in proc_stats() if session == sid]
 
 
 def _private_bytes(pid: int) -> int:
@@ -107,12 +114,10 @@ def disk_usage(paths: list[str], byte_limit: int | None, entry_limit: int | None
     return used, entries
 
 
-def start_watchdog(sid: int, policy, cgroups: list[str]) -> Watchdog:
+def start_watchdog(sid: int, policy: SandboxPolicy, cgroups: list[str]) -> Watchdog:
     """The run's watchdog: the task and disk rules always (a pids cgroup, like RLIMIT_NPROC, refuses
     new tasks but lets a fork bomb churn until its memory runs out: 40 s of every core, measured;
     no cgroup bounds disk), the memory rule only where no memory cgroup bounds the run."""
-    from pathlib import Path
-
     limits = policy.limits
     has_memory = any((Path(g) / name).exists() for g in cgroups for name in ("memory.max", "memory.limit_in_bytes"))
     return Watchdog(sid, memory_limit=None if has_memory else limits.memory_bytes, task_limit=limits.processes,
