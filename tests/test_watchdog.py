@@ -65,7 +65,8 @@ def test_a_run_stuck_at_its_task_limit_is_killed_with_all_its_processes():
             time.sleep(0.05)
         assert session_members(proc.pid) == []  # the children went with the group
     finally:
-        os.killpg(proc.pid, 9) if session_members(proc.pid) else None
+        if session_members(proc.pid):
+            os.killpg(proc.pid, 9)
 
 
 def test_a_run_below_its_limits_is_left_alone():
