@@ -31,6 +31,9 @@ TRAIN_PRELOAD = [
     "transformers.models.auto.modeling_auto", "transformers.models.auto.tokenization_auto",
     "transformers.models.llama.modeling_llama", "transformers.models.qwen2.modeling_qwen2",
     "transformers.optimization",
+    # prepare_tokenizer's response schema: importing trl took 2.0-2.5 s of a warm job's 2.9 s load on an H200
+    # (train/load/tokenizer_seconds, docs/measurements/inner-job-h200-s9.json); peft for LoRA jobs.
+    "trl.chat_template_utils", "peft",
 ]
 """What every fast-trainer job imports before its first step (the TRL trainer imports more, cold)."""
 
