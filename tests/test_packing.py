@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from ait.cli import app
 from ait.compute import local
 from ait.compute.local import LocalLauncher, slot_envs
-from ait.compute.packing import PackRun, choose_packing, load_runs
+from ait.compute.packing import Packing, PackRun, choose_packing, load_runs, per_model
 from ait.job.types import FailReason, JobResult
 from tests.test_gpu_packing import reference_job
 
@@ -111,3 +111,68 @@ def test_agent_gpus_is_a_ray_setting(tmp_path):
     result = CliRunner().invoke(app, ["worker", "--queue", str(tmp_path / "q.sqlite"), "--create",
                                       "--agent-gpus", "1.5"])
     assert result.exit_code != 0 and "--agent-gpus" in result.output
+
+
+def test_each_model_gets_its_own_best_k_and_share():
+    runs = [run(1, 82, 15.4), run(8, 251, 9.6, 25),
+            PackRun(gpu="NVIDIA H200", model="big", jobs_per_gpu=1, jobs_per_hour=20, peak_gib_per_job=40,
+                    source="x"),
+            PackRun(gpu="NVIDIA H200", model="big", jobs_per_gpu=2, mps_thread_percentage=100, jobs_per_hour=31,
+                    peak_gib_per_job=41, source="x"),
+            PackRun(gpu="NVIDIA H200", model="big", jobs_per_gpu=4, mps_thread_percentage=50, jobs_per_hour=35,
+                    peak_gib_per_job=41, source="x")]  # 4 x 41 GiB does not fit 90% of 139.8 GiB
+    models = per_model("NVIDIA H200", 139.8, runs)
+    assert (models["smollm2-135m"].jobs_per_gpu, models["smollm2-135m"].mps_thread_percentage) == (8, 25)
+    assert (models["big"].jobs_per_gpu, models["big"].mps_thread_percentage) == (2, 100)
+    assert per_model("NVIDIA A100-SXM4-80GB", 80.0, runs) == {}  # nothing measured there: memory alone admits
+
+
+def test_a_job_shares_its_gpu_with_at_most_its_models_k():
+    from ait.compute.gpu_memory import GpuLedger
+
+    ledger = GpuLedger({"0": 1000.0}, headroom=1.0)
+    order: list[str] = []
+
+    def hold(name: str, max_jobs: int | None, release: threading.Event) -> None:
+        with ledger.reserve("0", 1.0, max_jobs=max_jobs):
+            order.append(name)
+            release.wait(10)
+
+    big, small1, small2 = threading.Event(), threading.Event(), threading.Event()
+    t_big = threading.Thread(target=hold, args=("big", 2, big))
+    t_big.start()
+    time.sleep(0.05)
+    t1 = threading.Thread(target=hold, args=("small1", 8, small1))
+    t1.start()
+    time.sleep(0.05)
+    t2 = threading.Thread(target=hold, args=("small2", 8, small2))  # a third job beside the K=2 one: waits
+    t2.start()
+    time.sleep(0.2)
+    assert order == ["big", "small1"]
+    big.set()
+    t_big.join(5)
+    time.sleep(0.1)
+    assert order == ["big", "small1", "small2"]  # the K=2 job gone, eight may share the GPU again
+    small1.set(), small2.set()
+    t1.join(5), t2.join(5)
+
+
+def test_a_packed_job_runs_at_its_models_measured_share(tmp_path):
+    seen: dict[str, dict[str, str]] = {}
+
+    def job_fn(job, env):
+        seen[job.job_id] = dict(env)
+        return JobResult(job_id=job.job_id, ok=True, train_seconds=1.0)
+
+    job = reference_job(tmp_path / "a").model_copy(update={"job_id": "a"})
+    model = job.config.job.base_model
+    env = slot_envs(8, ["0"], jobs_per_gpu=8, mps_thread_percentage=25)[0]
+    ledger = local.ledger_for([env], {"0": 139.8})
+    packs = {model: Packing(jobs_per_gpu=2, mps_thread_percentage=100, why="")}
+    local.run_admitted(ledger, job_fn, job, env, packs)
+    assert seen["a"][local.MPS_THREAD_PERCENTAGE_ENV] == "100"
+    packs = {model: Packing(jobs_per_gpu=1, mps_thread_percentage=None, why="")}
+    local.run_admitted(ledger, job_fn, job, env, packs)
+    assert local.MPS_THREAD_PERCENTAGE_ENV not in seen["a"]  # measured alone, uncapped: no cap
+    local.run_admitted(ledger, job_fn, job, env, {"another-model": packs[model]})
+    assert seen["a"][local.MPS_THREAD_PERCENTAGE_ENV] == "25"  # no row for its model: the slot's share

@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 
 from ait.cli.common import console, err, fail
+from ait.compute.packing import Packing
 
 ONCE_GRACE_S = 10.0
 
@@ -18,25 +19,31 @@ class WorkerExecutor(str, Enum):
     ray = "ray"
 
 
-def packing_for(jobs_per_gpu: str, gpu_ids: list[str], mps_thread_percentage: int | None) -> tuple[int, int | None]:
-    """(K, MPS share) from --jobs-per-gpu: a number as given, or auto, chosen from the packing
-    measured on this GPU model (an explicit --mps-thread-percentage wins over the measured one)."""
+def packing_for(jobs_per_gpu: str, gpu_ids: list[str], mps_thread_percentage: int | None,
+                ) -> tuple[int, int | None, dict[str, Packing]]:
+    """(K, MPS share, per-model packing) from --jobs-per-gpu: a number as given, or auto, chosen from
+    the packing measured on this GPU model (an explicit --mps-thread-percentage wins over the measured
+    one, and then every job keeps it); under auto each job is also admitted by its base model's row."""
     if jobs_per_gpu != "auto":
         if not jobs_per_gpu.isdigit() or int(jobs_per_gpu) < 1:
             raise ValueError(f"--jobs-per-gpu must be a number >= 1 or auto, got {jobs_per_gpu!r}")
-        return int(jobs_per_gpu), mps_thread_percentage
+        return int(jobs_per_gpu), mps_thread_percentage, {}
     if not gpu_ids:
-        return 1, mps_thread_percentage  # CPU slots (or Ray's own placement): nothing to pack
+        return 1, mps_thread_percentage, {}  # CPU slots (or Ray's own placement): nothing to pack
     from ait.compute.gpu_memory import gpu_total_gib
-    from ait.compute.packing import choose_packing, gpu_name, load_runs
+    from ait.compute.packing import choose_packing, gpu_name, load_runs, per_model
 
     name, total = gpu_name(gpu_ids[0]), gpu_total_gib(gpu_ids[0])
     if name is None or total is None:
         raise ValueError(f"--jobs-per-gpu auto: cannot read GPU {gpu_ids[0]}'s name and memory from nvidia-smi; "
                          "give a number instead")
-    choice = choose_packing(name, total, load_runs())
+    runs = load_runs()
+    choice = choose_packing(name, total, runs)
     err.print(f"packing: {choice.jobs_per_gpu} job(s) per GPU ({choice.why})", highlight=False)
-    return choice.jobs_per_gpu, mps_thread_percentage or choice.mps_thread_percentage
+    models = {} if mps_thread_percentage else per_model(name, total, runs)
+    for m in models.values():
+        err.print(f"packing: {m.why}", highlight=False)
+    return choice.jobs_per_gpu, mps_thread_percentage or choice.mps_thread_percentage, models
 
 
 def check_jobs_per_gpu(value: str) -> str:
@@ -94,7 +101,7 @@ def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite qu
         if executor is WorkerExecutor.ray:
             from ait.compute.ray_executor import RayLauncher
 
-            k, _ = packing_for(jobs_per_gpu, [], None)
+            k, _, _ = packing_for(jobs_per_gpu, [], None)
             launcher = RayLauncher(slots, use_gpus=bool(gpus), jobs_per_gpu=k, address=ray_address,
                                    agent_gpus=agent_gpus)
         else:
@@ -107,8 +114,8 @@ def worker(queue: Path = typer.Option(Path("runs/queue.sqlite"), help="SQLite qu
             if gpus and gpus != "all" and (unknown := sorted(set(gpu_ids) - set(detect_gpus()))):
                 visible = ",".join(detect_gpus()) or "none"
                 raise ValueError(f"--gpus {gpus}: GPU {','.join(unknown)} is not visible here (visible: {visible})")
-            k, mps_thread_percentage = packing_for(jobs_per_gpu, gpu_ids, mps_thread_percentage)
-            launcher = LocalLauncher(slot_envs(slots, gpu_ids, k, mps_thread_percentage))
+            k, mps_thread_percentage, models = packing_for(jobs_per_gpu, gpu_ids, mps_thread_percentage)
+            launcher = LocalLauncher(slot_envs(slots, gpu_ids, k, mps_thread_percentage), model_packing=models)
     except (QueueError, ValueError, RuntimeError, ConnectionError) as e:
         fail(str(e))  # fail() prints literally: "pip install 'ait[ray]'" is not rich markup
     options = WorkerOptions(once=once, once_grace_s=ONCE_GRACE_S, idle_exit_s=idle_exit, poll_s=poll,

@@ -85,16 +85,22 @@ class GpuLedger:
         self.cond = threading.Condition()
 
     @contextmanager
-    def reserve(self, gpu: str, gib: float, exclusive: bool = False):
-        """Yields a Reservation whose `shared` turns True if any other job ran on the GPU meanwhile."""
+    def reserve(self, gpu: str, gib: float, exclusive: bool = False, max_jobs: int | None = None):
+        """Yields a Reservation whose `shared` turns True if any other job ran on the GPU meanwhile.
+        `max_jobs`: the most jobs this one may share its GPU with, itself included (its model's measured
+        best K); it waits until that holds, and no job is admitted beside it past that either."""
         cap = self.capacity.get(gpu)
-        token = Reservation()
+        token = Reservation(max_jobs)
         with self.cond:
             def fits() -> bool:
                 if exclusive:
                     return self.running[gpu] == 0
-                # A lone job always starts even if its estimate exceeds the GPU: the estimate may be wrong.
-                return cap is None or self.running[gpu] == 0 or self.used[gpu] + gib <= cap
+                if self.running[gpu] == 0:
+                    return True  # a lone job always starts, even above its estimate: the estimate may be wrong
+                limits = [t.max_jobs for t in self.active.get(gpu, []) if t.max_jobs] + ([max_jobs] if max_jobs else [])
+                if limits and self.running[gpu] + 1 > min(limits):
+                    return False
+                return cap is None or self.used[gpu] + gib <= cap
             self.cond.wait_for(fits)
             self.used[gpu] += gib
             self.running[gpu] += 1
@@ -114,3 +120,6 @@ class GpuLedger:
 
 class Reservation:
     shared = False
+
+    def __init__(self, max_jobs: int | None = None):
+        self.max_jobs = max_jobs

@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ait.compute import processes
+from ait.compute.packing import Packing
 from ait.compute.run_job import run_job, usable_cores
 from ait.job.types import FailReason, Job, JobResult
 from ait.train.request import LOGIT_BUDGET, LOGIT_BUDGET_ENV
@@ -134,10 +135,13 @@ class LocalLauncher:
     lost_errors: tuple[type[BaseException], ...] = ()
 
     def __init__(self, slots: list[dict[str, str]], job_fn: JobFn = run_job_in_slot,
-                 capacity_gib: dict[str, float | None] | None = None) -> None:
+                 capacity_gib: dict[str, float | None] | None = None,
+                 model_packing: dict[str, Packing] | None = None) -> None:
+        """`model_packing`: each base model's measured K and SM share (ait.compute.packing.per_model)."""
         self.slots = slots
         self.job_fn = job_fn
         self.ledger = ledger_for(slots, capacity_gib)
+        self.model_packing = model_packing or {}
         self._pool = ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="ait-slot")
 
     def describe(self) -> str:
@@ -145,7 +149,7 @@ class LocalLauncher:
         return f"local, {len(self.slots)} slot(s)" + (f" on GPU(s) {','.join(gpus)}" if gpus else " on CPU")
 
     def submit(self, job: Job, env: dict[str, str]) -> Future:
-        return self._pool.submit(run_admitted, self.ledger, self.job_fn, job, env)
+        return self._pool.submit(run_admitted, self.ledger, self.job_fn, job, env, self.model_packing)
 
     def stop(self, job: Job, future: Future) -> None:
         kill_job_processes(job)
@@ -196,15 +200,23 @@ def ledger_for(slots: list[dict[str, str]], capacity_gib: dict[str, float | None
     return GpuLedger({g: capacity_gib.get(g) for g in gpus}, reserved_gib=reserved_gib)
 
 
-def run_admitted(ledger, job_fn: JobFn, job: Job, env: dict[str, str]) -> JobResult:
-    """Run `job` once its estimated memory fits its GPU beside the jobs running there; a packed job
-    that runs out of memory or dies of a GPU fault is run again alone."""
+def run_admitted(ledger, job_fn: JobFn, job: Job, env: dict[str, str],
+                 model_packing: dict[str, Packing] | None = None) -> JobResult:
+    """Run `job` once its estimated memory fits its GPU beside the jobs running there (and, where its
+    base model's packing was measured, once at most that K jobs share the GPU, itself at that row's SM
+    share); a packed job that runs out of memory or dies of a GPU fault is run again alone."""
     gpu = env.get("CUDA_VISIBLE_DEVICES", "")
     if not gpu or gpu not in ledger.used:
         return job_fn(job, env)
+    measured = (model_packing or {}).get(job.config.job.base_model)
+    if measured is not None and MPS_THREAD_PERCENTAGE_ENV in env:
+        env = {k: v for k, v in env.items() if k != MPS_THREAD_PERCENTAGE_ENV}
+        if measured.mps_thread_percentage is not None:
+            env[MPS_THREAD_PERCENTAGE_ENV] = str(measured.mps_thread_percentage)
     # With no known capacity (nvidia-smi unreadable) there is nothing to admit against: skip the estimate.
     need = estimate_gib(job, int(env.get(LOGIT_BUDGET_ENV, LOGIT_BUDGET))) if ledger.capacity.get(gpu) else 0.0
-    with ledger.reserve(gpu, need) as held:
+    max_jobs = measured.jobs_per_gpu if measured is not None else None
+    with ledger.reserve(gpu, need, max_jobs=max_jobs) as held:
         result = job_fn(job, env)
     if held.shared and result.fail_reason in RETRY_ALONE:
         first = result

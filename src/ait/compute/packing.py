@@ -7,6 +7,12 @@ the GPU's memory. On a GPU model nobody measured, K is what memory allows for th
 measured anywhere (capped at the largest K measured), and the SM share is split evenly. The
 memory ledger (ait.compute.gpu_memory) still admits each job by its own estimate, and a packed
 job that runs out of memory is re-run alone, so a wrong choice costs speed, never a job.
+
+The rows form a base-model x K matrix (bench/gpu_issue21.sh's matrix stage). Under auto, each
+job is also admitted by its own model's row (`per_model`): a job of a model whose best measured K
+is 2 (a 1.5B model fully fine-tuned) starts only while at most one other job runs on its GPU, no
+job starts beside it past that, and it gets that row's SM share instead of the slots' (a 25% cap
+sized for eight 135M jobs would starve it).
 """
 
 from __future__ import annotations
@@ -65,6 +71,19 @@ def choose_packing(gpu_name: str, total_gib: float, runs: list[PackRun]) -> Pack
     return Packing(jobs_per_gpu=k, mps_thread_percentage=share,
                    why=f"no packing measured on {gpu_name}: K={k} jobs of up to {job_gib:.1f} GiB fit "
                        f"{HEADROOM:.0%} of its {total_gib:.0f} GiB")
+
+
+def per_model(gpu_name: str, total_gib: float, runs: list[PackRun]) -> dict[str, Packing]:
+    """Each model measured on `gpu_name`: the K (and its SM share) with the most jobs/hour that fits."""
+    budget = HEADROOM * total_gib
+    best: dict[str, PackRun] = {}
+    for r in runs:
+        if r.gpu == gpu_name and r.jobs_per_gpu * r.peak_gib_per_job <= budget:
+            if r.model not in best or r.jobs_per_hour > best[r.model].jobs_per_hour:
+                best[r.model] = r
+    return {m: Packing(jobs_per_gpu=r.jobs_per_gpu, mps_thread_percentage=r.mps_thread_percentage,
+                       why=f"{m} on {gpu_name}: K={r.jobs_per_gpu} gave {r.jobs_per_hour:.0f} jobs/hour ({r.source})")
+            for m, r in best.items()}
 
 
 def gpu_name(index: str) -> str | None:
