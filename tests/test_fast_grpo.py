@@ -91,6 +91,30 @@ def test_budget_truncates_and_broken_calls_answer_errors():
     assert r.truncated and r.completion_tokens == 60
 
 
+def test_a_group_renders_its_prompt_once_and_rollouts_stay_independent(monkeypatch):
+    """Rows of a GRPO group are one row object: its chat template is rendered once per step, yet each
+    rollout owns its token list (one rollout's tool turn must not leak into its siblings)."""
+    t = tok()
+    renders = []
+    real = type(t).apply_chat_template
+
+    def counting(self, conversation, *args, **kwargs):
+        renders.append(conversation)
+        return real(self, conversation, *args, **kwargs)
+
+    monkeypatch.setattr(type(t), "apply_chat_template", counting)
+    shared, other = row(), row()
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'
+    dec = ScriptedDecoder(t, [call, "Answer: 5<|im_end|>", "Answer: 6<|im_end|>", "Answer: 5<|im_end|>"])
+    a, b, c = rollout_batch(dec, t, SURFACE, [shared, shared, other], max_completion_length=200, max_turns=2,
+                            temperature=1.0, top_p=1.0, max_length=4096)
+    prompts = [m for m in renders if m is shared["prompt"] or m is other["prompt"]]  # (tool turns render too)
+    assert len(prompts) == 2  # two distinct rows, three rollouts
+    assert a.ids[:a.prompt_len] == b.ids[:b.prompt_len] == c.ids[:c.prompt_len]
+    assert a.tool_calls == 1 and b.tool_calls == 0 and len(a.ids) > len(b.ids)
+    assert a.ids is not b.ids and (a.final, b.final, c.final) == ("Answer: 5", "Answer: 5", "Answer: 6")
+
+
 def test_advantages_follow_scale_rewards():
     r = torch.tensor([1.0, 0.0, 0.5, 0.5])
     assert advantages(r, 2, "none").tolist() == [0.5, -0.5, 0.0, 0.0]

@@ -129,14 +129,17 @@ def rollout_batch(decoder: Decoder, tokenizer, surface, rows: list[dict[str, Any
     continuation = Continuation(tokenizer, schemas)
     names = set(surface.tools)
     envs, rollouts = [], []
+    rendered: dict[int, list[int]] = {}  # a GRPO group repeats one row object: render its prompt once
     for row in rows:
         env = surface.env_class()
         if hasattr(env, "reset"):
             env.reset(json.loads(row["info"]) if isinstance(row["info"], str) else row["info"])
         envs.append(env)
-        text = tokenizer.apply_chat_template(row["prompt"], tools=schemas or None, tokenize=False,
-                                             add_generation_prompt=True)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if id(row) not in rendered:
+            text = tokenizer.apply_chat_template(row["prompt"], tools=schemas or None, tokenize=False,
+                                                 add_generation_prompt=True)
+            rendered[id(row)] = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = list(rendered[id(row)])
         rollouts.append(Rollout(row=row, ids=ids, prompt_len=len(ids)))
     remaining = [max_completion_length] * len(rows)
     active = list(range(len(rows)))
