@@ -138,20 +138,25 @@ def test_a_job_shares_its_gpu_with_at_most_its_models_k():
             order.append(name)
             release.wait(10)
 
+    def until(n: int) -> None:
+        deadline = time.monotonic() + 10
+        while len(order) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     big, small1, small2 = threading.Event(), threading.Event(), threading.Event()
     t_big = threading.Thread(target=hold, args=("big", 2, big))
     t_big.start()
-    time.sleep(0.05)
+    until(1)
     t1 = threading.Thread(target=hold, args=("small1", 8, small1))
     t1.start()
-    time.sleep(0.05)
+    until(2)
     t2 = threading.Thread(target=hold, args=("small2", 8, small2))  # a third job beside the K=2 one: waits
     t2.start()
-    time.sleep(0.2)
+    time.sleep(0.3)
     assert order == ["big", "small1"]
     big.set()
     t_big.join(5)
-    time.sleep(0.1)
+    until(3)
     assert order == ["big", "small1", "small2"]  # the K=2 job gone, eight may share the GPU again
     small1.set(), small2.set()
     t1.join(5), t2.join(5)
