@@ -33,6 +33,9 @@ for m in "${!FILE[@]}"; do
 done
 wait_ready() { for _ in $(seq 1 360); do [ -f "/root/stage/$1.ready" ] && return 0; sleep 5; done; return 1; }
 NEW=$PWD/src BASE=${BASELINE_SRC:-$PWD/../baseline/src}
+# A carried folder is gone from the working tree after the next call that does not carry it (seen on
+# 2026-12-02): the earlier commit's src/ is copied out of the tree before any later call can remove it.
+[ -d "$BASE" ] && rm -rf /root/baseline-src && cp -r "$BASE" /root/baseline-src && BASE=/root/baseline-src
 note() { echo "$(date -u +%H:%M:%S) $*" >> "$R/progress.log"; }
 PYTHONPATH=$NEW:/tmp/site python3 bench/fingerprints.py > "$R/fingerprints.json" 2>/dev/null || true
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/gpu.txt" 2>&1
