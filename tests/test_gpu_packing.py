@@ -36,6 +36,43 @@ def test_jobs_wait_until_their_memory_fits():
     assert order.index(("start", "c")) < order.index(("end", "a"))
 
 
+def test_a_big_job_is_not_starved_by_a_stream_of_small_ones():
+    """Small jobs may start ahead of a big one that does not fit yet (backfilling), at most
+    MAX_OVERTAKES of them: then the big one goes first, and the rest wait behind it."""
+    from ait.compute.gpu_memory import MAX_OVERTAKES
+
+    ledger = GpuLedger({"0": 10.0}, headroom=1.0)
+    order, lock, hold_a = [], threading.Lock(), threading.Event()
+
+    def job(name, gib, hold):
+        with ledger.reserve("0", gib):
+            with lock:
+                order.append(name)
+            hold.wait(10) if isinstance(hold, threading.Event) else time.sleep(hold)
+
+    def until(pred):
+        deadline = time.monotonic() + 10
+        while not pred() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=job, args=("a", 3.0, hold_a))]  # holds the GPU: the big one cannot fit
+    threads[0].start()
+    until(lambda: order == ["a"])
+    threads.append(threading.Thread(target=job, args=("big", 8.0, 0.0)))
+    threads[-1].start()
+    until(lambda: ledger.waiting["0"])  # the big one waits
+    for i in range(MAX_OVERTAKES + 4):
+        threads.append(threading.Thread(target=job, args=(f"s{i}", 3.0, 0.02)))
+        threads[-1].start()
+    until(lambda: len(order) >= 1 + MAX_OVERTAKES)
+    time.sleep(0.3)  # the four small jobs left wait behind the big one, not beside job a
+    assert len(order) == 1 + MAX_OVERTAKES and "big" not in order
+    hold_a.set()
+    for t in threads:
+        t.join(10)
+    assert order.index("big") == 1 + MAX_OVERTAKES and len(order) == len(threads)
+
+
 def test_memory_reserved_for_the_agent_is_left_out_of_admission():
     ledger = GpuLedger({"0": 100.0}, headroom=1.0, reserved_gib=40.0)
     assert ledger.capacity["0"] == 60.0

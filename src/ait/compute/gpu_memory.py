@@ -72,8 +72,15 @@ def gpu_total_gib(index: str) -> float | None:
         return None
 
 
+MAX_OVERTAKES = 8
+"""How many later jobs may start ahead of a waiting one (backfilling: a small job runs beside a big one
+while another big one waits). Past that the waiting job goes first: otherwise a job that needs much of
+the GPU, or may share it with few, could wait forever behind a stream of small jobs."""
+
+
 class GpuLedger:
-    """Admission by estimated memory, per GPU; `exclusive` waits for the GPU to empty."""
+    """Admission by estimated memory, per GPU; `exclusive` waits for the GPU to empty. Later jobs may
+    start ahead of a waiting one that does not fit yet, at most MAX_OVERTAKES times."""
 
     def __init__(self, capacity_gib: dict[str, float | None], headroom: float = 0.9, reserved_gib: float = 0.0):
         if reserved_gib < 0:
@@ -82,6 +89,7 @@ class GpuLedger:
         self.used = {g: 0.0 for g in capacity_gib}
         self.running = {g: 0 for g in capacity_gib}
         self.active: dict[str, list[Reservation]] = {}
+        self.waiting: dict[str, list[Reservation]] = {g: [] for g in capacity_gib}
         self.cond = threading.Condition()
 
     @contextmanager
@@ -92,7 +100,13 @@ class GpuLedger:
         cap = self.capacity.get(gpu)
         token = Reservation(max_jobs)
         with self.cond:
+            queue = self.waiting.setdefault(gpu, [])
+            queue.append(token)
+
             def fits() -> bool:
+                ahead = queue[:queue.index(token)]
+                if any(t.overtaken >= MAX_OVERTAKES for t in ahead):
+                    return False  # an earlier job has been passed over enough: it goes first
                 if exclusive:
                     return self.running[gpu] == 0
                 if self.running[gpu] == 0:
@@ -101,7 +115,13 @@ class GpuLedger:
                 if limits and self.running[gpu] + 1 > min(limits):
                     return False
                 return cap is None or self.used[gpu] + gib <= cap
-            self.cond.wait_for(fits)
+            try:
+                self.cond.wait_for(fits)
+                for t in queue[:queue.index(token)]:
+                    t.overtaken += 1
+            finally:  # admitted, or interrupted while waiting: either way out of the queue
+                queue.remove(token)
+                self.cond.notify_all()
             self.used[gpu] += gib
             self.running[gpu] += 1
             self.active.setdefault(gpu, []).append(token)
@@ -123,3 +143,4 @@ class Reservation:
 
     def __init__(self, max_jobs: int | None = None):
         self.max_jobs = max_jobs
+        self.overtaken = 0  # later jobs admitted while this one waited
