@@ -181,3 +181,19 @@ def test_a_packed_job_runs_at_its_models_measured_share(tmp_path):
     assert local.MPS_THREAD_PERCENTAGE_ENV not in seen["a"]  # measured alone, uncapped: no cap
     local.run_admitted(ledger, job_fn, job, env, {"another-model": packs[model]})
     assert seen["a"][local.MPS_THREAD_PERCENTAGE_ENV] == "25"  # no row for its model: the slot's share
+
+
+def test_auto_packing_takes_the_slots_and_each_models_row_from_the_shipped_matrix(monkeypatch):
+    from ait.cli.worker import packing_for
+    from ait.compute import gpu_memory, packing
+
+    monkeypatch.setattr(packing, "gpu_name", lambda index: "NVIDIA H200")
+    monkeypatch.setattr(gpu_memory, "gpu_total_gib", lambda index: 139.8)
+    k, share, models = packing_for("auto", ["0"], None)
+    best = max((r for r in load_runs() if r.gpu == "NVIDIA H200"), key=lambda r: r.jobs_per_hour)
+    assert (k, share) == (best.jobs_per_gpu, best.mps_thread_percentage)
+    assert {"smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"} <= set(models)
+    assert models["qwen2.5-coder-1.5b"].jobs_per_gpu < k  # the 1.5B shares its GPU with fewer
+    # An operator's SM share wins everywhere: no per-model shares then.
+    assert packing_for("auto", ["0"], 40) == (k, 40, {})
+    assert packing_for("3", ["0"], None) == (3, None, {})
