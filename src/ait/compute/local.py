@@ -172,10 +172,13 @@ class LocalExecutor:
     access, say) tears down every client on that GPU, so a packed job can die of a neighbour's bug."""
 
     def __init__(self, slots: list[dict[str, str]], job_fn: JobFn = run_job_in_slot,
-                 capacity_gib: dict[str, float | None] | None = None, reserved_gib: float = 0.0) -> None:
+                 capacity_gib: dict[str, float | None] | None = None, reserved_gib: float = 0.0,
+                 model_packing: dict[str, Packing] | None = None) -> None:
         """`reserved_gib` is held back on every GPU for a process that shares it outside this pool
-        (the outer loop's agent, sampling and training beside its own inner jobs)."""
+        (the outer loop's agent, sampling and training beside its own inner jobs); `model_packing`: each
+        base model's measured K and SM share (ait.compute.packing.per_model)."""
         self.job_fn = job_fn
+        self.model_packing = model_packing or {}
         self._free: queue_mod.Queue[dict[str, str]] = queue_mod.Queue()
         for env in slots:
             self._free.put(env)
@@ -184,7 +187,7 @@ class LocalExecutor:
     def run(self, job: Job) -> JobResult:
         env = self._free.get()  # blocks while every slot is busy
         try:
-            return run_admitted(self.ledger, self.job_fn, job, env)
+            return run_admitted(self.ledger, self.job_fn, job, env, self.model_packing)
         finally:
             self._free.put(env)
 

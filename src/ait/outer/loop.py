@@ -281,14 +281,21 @@ def episode_config(config: OuterConfig, run_dir: Path, carried_usd: float = 0.0)
 
 
 def configure_local_slots(config: OuterConfig) -> None:
-    """With executor = local, the process-wide slot pool packs `jobs_per_gpu` inner jobs per GPU."""
+    """With executor = local, the process-wide slot pool packs `jobs_per_gpu` inner jobs per GPU; a job
+    whose base model's packing was measured on this GPU model shares its GPU with at most that K jobs
+    (ait.compute.packing.per_model: a 1.5B inner job beside one other, not seven)."""
     if config.episode.executor != "local" or config.jobs_per_gpu == 1:
         return
     from ait.compute import local
+    from ait.compute.gpu_memory import gpu_total_gib
+    from ait.compute.packing import gpu_name, load_runs, per_model
 
+    gpus = local.detect_gpus()
+    name, total = (gpu_name(gpus[0]), gpu_total_gib(gpus[0])) if gpus else (None, None)
+    models = per_model(name, total, load_runs()) if name and total else {}
     with local._shared_lock:  # the pool every episode of this process shares
-        local._shared = local.LocalExecutor(local.slot_envs(None, local.detect_gpus(), config.jobs_per_gpu),
-                                            reserved_gib=config.agent_gpu_gib)
+        local._shared = local.LocalExecutor(local.slot_envs(None, gpus, config.jobs_per_gpu),
+                                            reserved_gib=config.agent_gpu_gib, model_packing=models)
 
 
 def configure_ray_slots(config: OuterConfig, say: Callable[[str], None] = lambda _m: None) -> OuterConfig:
