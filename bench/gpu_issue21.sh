@@ -17,6 +17,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 R=/root/results; mkdir -p "$R"
+. bench/gpu_lib.sh  # note, start_mps, stop_mps
 export AIT_HOME=/root/.ait PYTHONUNBUFFERED=1
 mkdir -p "$AIT_HOME"
 printf '[models]\n' > "$AIT_HOME/models.toml"
@@ -36,7 +37,6 @@ NEW=$PWD/src BASE=${BASELINE_SRC:-$PWD/../baseline/src}
 # A carried folder is gone from the working tree after the next call that does not carry it (seen on
 # 2026-12-02): the earlier commit's src/ is copied out of the tree before any later call can remove it.
 [ -d "$BASE" ] && rm -rf /root/baseline-src && cp -r "$BASE" /root/baseline-src && BASE=/root/baseline-src
-note() { echo "$(date -u +%H:%M:%S) $*" >> "$R/progress.log"; }
 PYTHONPATH=$NEW:/tmp/site python3 bench/fingerprints.py > "$R/fingerprints.json" 2>/dev/null || true
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/gpu.txt" 2>&1
 (while true; do nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader >> "$R/gpu-monitor.csv"; sleep 1; done) &
@@ -47,14 +47,6 @@ inner() {  # NAME SRC ARGS...: bench/inner_job.py with that source tree
     --json "$R/$name.json" --out "/root/work-$name" "$@" > "$R/$name.log" 2>&1
   note "done $name rc=$?"
 }
-start_mps() {
-  if command -v nvidia-cuda-mps-control > /dev/null; then
-    export CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps CUDA_MPS_LOG_DIRECTORY=/tmp/nvidia-mps-log
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    nvidia-cuda-mps-control -d && note "MPS daemon started" || { note "MPS failed"; unset CUDA_MPS_PIPE_DIRECTORY; }
-  fi
-}
-stop_mps() { echo quit | nvidia-cuda-mps-control 2>/dev/null; unset CUDA_MPS_PIPE_DIRECTORY; }
 for stage in ${STAGES:-ab pack decode}; do  # e.g. STAGES="matrix decode15"  # the most wanted first: a lease can end mid-run
   case $stage in
     ab)

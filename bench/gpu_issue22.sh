@@ -17,7 +17,7 @@ R=${RESULTS:-/root/results}; mkdir -p "$R"
 export AIT_HOME=${AIT_HOME:-/root/.ait} PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:/tmp/site
 CONFIG=${CONFIG:-configs/outer/h200_qwen15.toml} STAGE=${STAGE:-/root/stage}
 mkdir -p "$AIT_HOME"
-note() { echo "$(date -u +%H:%M:%S) $*" >> "$R/progress.log"; }
+. bench/gpu_lib.sh  # note, start_mps
 printf '[models]\n"smollm2-135m" = "$STAGE/smol.gguf"\n"qwen2.5-coder-0.5b" = "$STAGE/qwen.gguf"\n"qwen2.5-coder-1.5b" = "$STAGE/qwen15.gguf"\n' \
   > "$AIT_HOME/models.toml"
 declare -A ALIAS=([smol]=smollm2-135m [qwen]=qwen2.5-coder-0.5b [qwen15]=qwen2.5-coder-1.5b)
@@ -27,11 +27,7 @@ for f in ${MODELS-smol qwen qwen15}; do  # every model staged, then dequantised 
 done
 wait
 note "models converted"
-if command -v nvidia-cuda-mps-control > /dev/null; then  # the packed inner jobs' SM shares
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps CUDA_MPS_LOG_DIRECTORY=/tmp/nvidia-mps-log
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d && note "MPS daemon started"
-fi
+start_mps  # the packed inner jobs' SM shares
 export AIT_HIDDEN_SEED=${AIT_HIDDEN_SEED:-}  # the same secret on every machine of the arc, when given
 ait() { python3 -c "from ait.cli import app; app()" "$@"; }
 if [ -d $STAGE/bundle ]; then

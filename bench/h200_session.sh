@@ -45,18 +45,8 @@ mkdir -p "$AIT_HOME"  # the model aliases every stage resolves (bench/h200.sh wr
 python3 bench/fingerprints.py > "$R/fingerprints.json" 2>/dev/null || true
 printf '[models]\n"smollm2-135m" = "/root/stage/smol.gguf"\n"qwen2.5-coder-0.5b" = "/root/stage/qwen.gguf"\n' \
   > "$AIT_HOME/models.toml"
-note() { echo "$(date -u +%H:%M:%S) $*" >> "$R/progress.log"; }
+. bench/gpu_lib.sh  # note, start_mps, stop_mps
 wait_qwen() { while [ ! -f /root/stage/qwen.gguf.done ]; do sleep 5; done; }
-start_mps() {
-  [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && return
-  if command -v nvidia-cuda-mps-control > /dev/null; then
-    export CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps CUDA_MPS_LOG_DIRECTORY=/tmp/nvidia-mps-log
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    nvidia-cuda-mps-control -d && note "MPS daemon started" || { note "MPS daemon failed"; unset CUDA_MPS_PIPE_DIRECTORY; }
-  else
-    note "no nvidia-cuda-mps-control: packed jobs are time-sliced"
-  fi
-}
 
 for stage in ${*:-sidebyside pack calibrate arc uplift}; do
   case "$stage" in
