@@ -222,6 +222,7 @@ class RaySlots:
         self._avoiding: list[frozenset[str]] = []  # GPUs each waiting retry must not land on
         self._running: dict[str, int] = {}  # job id -> slot
         self._stopped: set[str] = set()
+        self._restarting: set[int] = set()  # slots killed by stop(): Ray restarts them
 
     def capacity(self, resources: dict[str, float], cpus_per_job: float) -> int:
         """Slots the cluster fits: K per GPU, fewer on the agent's GPU; CPU jobs by CPUs."""
@@ -282,12 +283,30 @@ class RaySlots:
             self._running[job.job_id] = i
             if job.job_id in self._stopped:  # stopped while waiting for a slot
                 raise import_ray().exceptions.TaskCancelledError()
+            if i in self._restarting:
+                self._wait_restarted(i)
             gpu, result = self.ray.get(self.actors[i].run.remote(job))
             self.gpus[i] = gpu  # a restarted slot may have been placed on another GPU
             return gpu, result
         finally:
             self._running.pop(job.job_id, None)
             self._release(i)
+
+    def _wait_restarted(self, i: int, timeout_s: float = 120.0) -> None:
+        """Block until slot i, killed by stop(), answers again: a job sent to an actor that is still
+        restarting fails with ActorUnavailableError, and may or may not have run, so none is sent
+        before a harmless call (its pid) goes through."""
+        unavailable = import_ray().exceptions.ActorUnavailableError
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.ray.get(self.actors[i].pid.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                self._restarting.discard(i)
+                return
+            except unavailable:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def run(self, job: Job, retry_wait_s: float = 600.0) -> JobResult:
         """Run `job` on a free slot; Ray's errors (a slot's process died) propagate to the caller."""
@@ -322,6 +341,7 @@ class RaySlots:
             self.ray.get(actor.stop.remote(job.job_id), timeout=10)
         except Exception:  # noqa: BLE001 - the slot is dead or stuck: killing it below is enough
             pass
+        self._restarting.add(i)
         self.ray.kill(actor, no_restart=False)
 
     def close(self) -> None:
