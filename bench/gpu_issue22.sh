@@ -27,6 +27,8 @@ for f in ${MODELS-smol qwen qwen15}; do  # every model staged, then dequantised 
 done
 wait
 note "models converted"
+nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,power.draw --format=csv -l 10 > "$R/gpu-monitor.csv" 2>/dev/null &
+python3 bench/fingerprints.py > "$R/fingerprints.json" 2>/dev/null || true  # the hidden sets, by fingerprint
 start_mps  # the packed inner jobs' SM shares
 export AIT_HIDDEN_SEED=${AIT_HIDDEN_SEED:-}  # the same secret on every machine of the arc, when given
 ait() { python3 -c "from ait.cli import app; app()" "$@"; }

@@ -241,3 +241,43 @@ def test_a_bundle_that_does_not_fit_the_config_is_refused(bundle: Path, tmp_path
     assert "already holds a run" in line
     line = refusal(["--resume", str(tmp_path / "used"), "--resume-from", str(bundle)])
     assert "pass one" in line
+
+
+def test_a_continued_run_compares_its_heldout_with_the_first_machines_step_0(tmp_path: Path) -> None:
+    """The step-0 held-out results travel in the bundle: machine B's evaluation at step 6 is paired with
+    machine A's at step 0 (same tasks, same seeds), not dropped for want of a start."""
+    from ait.agent_eval.stats import summarize
+    from ait.agent_eval.types import EpisodeRow, EvalPlan, EvalResults
+    from ait.outer.heldout import START_FILE, heldout_transfer, results_path, start_for_bundle
+
+    def results(rewards: list[float]) -> str:
+        rows = [EpisodeRow(task_id="triage", run_id=f"triage-{i}", stop_reason="submitted", infra_error=False,
+                           reward=r, validation=1.0, job_quality=0.5, uplift_term=0.0, train_speed=1.0, valid=True,
+                           job_ran=True, job_failed=False, base_model="smollm2-135m") for i, r in enumerate(rewards)]
+        plan = EvalPlan(policy="p", tasks=["examples/tasks/triage.json"], episodes=len(rows))
+        return EvalResults(plan=plan, per_task={"triage": summarize(rows)}, overall=summarize(rows), episodes=rows,
+                           planned=len(rows)).model_dump_json()
+
+    config = load_tiny(tmp_path)
+    run_a = tmp_path / "a"
+    results_path(run_a, 0).parent.mkdir(parents=True)
+    results_path(run_a, 0).write_text(results([0.1, 0.2, 0.3]))
+    state = ckpt.LoopState(step=4, config_digest=config.digest(), rng_state=ckpt.rng_to_json(random.Random(1)))
+    bundle = ckpt.save_checkpoint(run_a, FakeBackend(), state, config=config, max_bytes=64 * MIB,
+                                  extra=start_for_bundle(run_a))
+    assert (bundle / START_FILE).read_bytes() == results_path(run_a, 0).read_bytes()
+    ckpt.verify_bundle(bundle)  # sealed with it: a damaged copy would be refused
+
+    run_b = tmp_path / "b"
+    import_bundle(bundle, run_b, None)
+    assert results_path(run_b, 0).read_bytes() == results_path(run_a, 0).read_bytes()
+    results_path(run_b, 6).parent.mkdir(parents=True)
+    results_path(run_b, 6).write_text(results([0.5, 0.2, 0.3]))
+    diff, start = heldout_transfer(run_b, 6)
+    assert start == pytest.approx(0.2) and diff.mean == pytest.approx(0.4 / 3) and diff.n == 3
+    # A bundle written before any held-out evaluation has none, and a run continued from it has no start.
+    bare = ckpt.save_checkpoint(tmp_path / "c", FakeBackend(), state, config=config, max_bytes=64 * MIB,
+                                extra=start_for_bundle(tmp_path / "c"))
+    assert not (bare / START_FILE).exists()
+    import_bundle(bare, tmp_path / "d", None)
+    assert heldout_transfer(tmp_path / "d", 6) is None

@@ -30,6 +30,7 @@ from ait.cli import app
 from ait.configs import load_config
 from ait.harness.episode import opening_messages
 from ait.harness.types import Message, ToolCallRequest
+from ait.outer import checkpoint as ckpt
 from ait.outer.backends.local import LocalBackend
 from ait.outer.config import OuterConfig
 from ait.outer.loop import resolve_tasks
@@ -132,6 +133,13 @@ def test_two_steps_then_resume(tmp_path: Path) -> None:
     assert (a["task_id"], a["run_id"]) == (b["task_id"], b["run_id"])
     assert first[1]["heldout_vs_start"] == pytest.approx(b["reward"] - a["reward"])
     assert first[1]["heldout_start_reward"] == pytest.approx(a["reward"]) and first[1]["heldout_vs_start_se2"] is None
+    # A bundle is written right after the step-0 evaluation (a machine lost in step 1 keeps it), and every
+    # bundle carries those results for a continued run to compare with.
+    step0, step2 = run / "checkpoints" / "step_0", run / "checkpoints" / "step_2"
+    assert ckpt.load_state(step0).step == 0 and (step0 / "metrics.jsonl").read_text() == ""
+    for bundle in (step0, step2):
+        assert (bundle / "heldout_start.json").read_bytes() == start.read_bytes()
+        assert len([p for p in bundle.rglob("*") if p.is_file()]) <= ckpt.MAX_FILES
     # The rewards are the harness's: a parseable submission the probe rejects (0.0) or none (-0.1).
     assert set(rewards) == {0.0, -0.1}
     for e in episodes:

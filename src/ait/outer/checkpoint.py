@@ -5,11 +5,14 @@
                           tinker: tinker.json, its service path)
     step_N/state.json     the loop's state: step, config digest, task-sampling rng, seed counters, spend
     step_N/metrics.jsonl  the run's metrics rows up to step N (the arc so far, earlier runs included)
+    step_N/heldout_start.json  the step-0 held-out results (ait.outer.heldout), once they exist: later
+                          held-out evaluations on any machine are compared with them
     step_N/bundle.json    what makes the directory portable: format, the resolved config, the step,
                           every file's size and sha256, the runs it continues (lineage)
 
 A checkpoint is written under step_N.tmp and renamed into place, so a directory named step_N
-is always complete; `latest` returns the highest complete one.
+is always complete; `latest` returns the highest complete one. A run with held-out tasks writes
+step_0 right after its step-0 evaluation, so a machine lost during step 1 keeps it.
 
 A preemptible machine: copy step_N (at most MAX_FILES files; at most `checkpoint_max_mib`, 64 MiB
 by default, the local backend choosing its tensors' encoding to fit, ait.outer.state_codec) to the
@@ -99,10 +102,11 @@ def checkpoints_dir(run_dir: Path) -> Path:
 
 
 def save_checkpoint(run_dir: Path, backend: Any, state: LoopState, *, config: Any = None,
-                    max_bytes: float | None = None, lineage: list[dict[str, Any]] | None = None) -> Path:
+                    max_bytes: float | None = None, lineage: list[dict[str, Any]] | None = None,
+                    extra: dict[str, Path] | None = None) -> Path:
     """RUN_DIR/checkpoints/step_N as a sealed bundle. `max_bytes` bounds the whole directory: the
-    backend gets what the metrics and JSON files leave (a backend whose save takes `max_bytes`
-    encodes to fit it)."""
+    backend gets what the metrics, `extra` (bundle file name -> source file: the step-0 held-out
+    results, say) and JSON files leave (a backend whose save takes `max_bytes` encodes to fit it)."""
     dest = checkpoints_dir(run_dir) / f"step_{state.step}"
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -118,9 +122,12 @@ def save_checkpoint(run_dir: Path, backend: Any, state: LoopState, *, config: An
             if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= state.step:
                 rows.append(line + "\n")
     (tmp / METRICS_FILE).write_text("".join(rows))
+    for name, source in (extra or {}).items():
+        shutil.copyfile(source, tmp / name)
     kwargs: dict[str, Any] = {}
     if max_bytes is not None and "max_bytes" in inspect.signature(backend.save).parameters:
-        kwargs["max_bytes"] = max_bytes - (tmp / METRICS_FILE).stat().st_size - JSON_RESERVE_BYTES
+        small = sum(p.stat().st_size for p in tmp.iterdir() if p.is_file())
+        kwargs["max_bytes"] = max_bytes - small - JSON_RESERVE_BYTES
     backend.save(str(tmp / "backend"), **kwargs)
     state = state.model_copy(update={"saved_at": time.time()})
     (tmp / "state.json").write_text(state.model_dump_json(indent=2) + "\n")

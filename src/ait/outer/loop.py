@@ -40,11 +40,11 @@ from ait.harness.types import EpisodeConfig
 from ait.outer import checkpoint as ckpt
 from ait.outer.backends import make_backend
 from ait.outer.config import OuterConfig
-from ait.outer.metrics import Episode, MetricsLog, step_metrics
-from ait.outer.rollouts import GroupSampler, play
+from ait.outer.heldout import evaluate_heldout, heldout_transfer, restore_start, results_path, start_for_bundle
+from ait.outer.metrics import MetricsLog, step_metrics
+from ait.outer.rollouts import GroupSampler
 from ait.outer.tasks import training_tasks
 from ait.runs import new_run_id, runs_root, versions
-from ait.spec import load_spec
 
 
 class OuterRunError(ValueError):
@@ -78,7 +78,11 @@ class Run:
                                rng_state=ckpt.rng_to_json(self.sampler.rng), groups_launched=self.sampler.launched,
                                usd_total=usd_total, usd_carried=self.state.usd_carried)
         ckpt.save_checkpoint(self.dir, self.backend, state, config=self.config, lineage=self.lineage,
-                             max_bytes=self.config.checkpoint_max_mib * 2**20)
+                             max_bytes=self.config.checkpoint_max_mib * 2**20, extra=start_for_bundle(self.dir))
+
+    def evaluate_heldout(self, step: int):
+        return evaluate_heldout(self.dir, self.config, self.backend, self.episode_config, self.heldout_paths,
+                                self.sampler.stopping, step)
 
     def close(self) -> None:
         self.sampler.close()
@@ -107,9 +111,11 @@ def train(config: OuterConfig | None, run_dir: str | Path | None = None, *, resu
     row: dict[str, Any] = {}
     t_last = time.monotonic()
     try:
-        if run.heldout_paths and step == 0 and not heldout_results(run, 0):
+        if run.heldout_paths and step == 0 and not results_path(run.dir, 0).is_file():
             say("step 0: held-out evaluation of the starting policy (later ones are compared with it)")
-            usd_total += sum(e.result.cost.total_usd for e in evaluate_heldout(run, 0))
+            usd_total += sum(e.result.cost.total_usd for e in run.evaluate_heldout(0))
+            # A bundle now, so that a machine lost during step 1 keeps the warm start and this evaluation.
+            run.checkpoint(0, usd_total)
         while step < config.max_steps:
             if config.budget_usd is not None and usd_total >= config.budget_usd:
                 stopped = "budget"
@@ -126,7 +132,7 @@ def train(config: OuterConfig | None, run_dir: str | Path | None = None, *, resu
             heldout = None
             if run.heldout_due(step):
                 say(f"step {step}: held-out evaluation")
-                heldout = evaluate_heldout(run, step)
+                heldout = run.evaluate_heldout(step)
             usd = sum(g.usd for g in groups + dropped) + sum(e.result.cost.total_usd for e in heldout or [])
             usd_total += usd
             now = time.monotonic()
@@ -134,7 +140,7 @@ def train(config: OuterConfig | None, run_dir: str | Path | None = None, *, resu
                                staleness=[version - g.group.policy_version for g in groups],
                                resampled=len(dropped), usd=usd, usd_total=usd_total, heldout=heldout,
                                infra_errors=sum(len(g.infra) for g in groups + dropped),
-                               transfer=heldout_transfer(run, step) if heldout is not None else None)
+                               transfer=heldout_transfer(run.dir, step) if heldout is not None else None)
             t_last = now
             run.metrics.append(row)
             if step % config.checkpoint_every == 0 or step == config.max_steps:
@@ -237,6 +243,7 @@ def import_bundle(bundle: Path, run_dir: Path, config: OuterConfig | None = None
               max_bytes=manifest.get("max_bytes"), lineage=manifest.get("lineage", []))
     tmp.rename(dest)
     shutil.copyfile(dest / ckpt.METRICS_FILE, run_dir / "metrics.jsonl")
+    restore_start(dest, run_dir)  # the step-0 held-out results later steps are compared with
     (run_dir / "manifest.json").write_text(json.dumps({
         "kind": "outer", "started_at": time.time(), "versions": versions(), "resumes": [],
         "continued_from": {"bundle": str(Path(bundle).resolve()), "step": step, "run": manifest.get("source_run"),
@@ -368,59 +375,6 @@ def with_warm_start(config: OuterConfig, task_paths: list[Path]) -> OuterConfig:
                             base_models=w.base_models)
     update = config.policy.model_copy(update={"init_checkpoint": str(path)})
     return config.model_copy(update={"policy": update})
-
-
-def evaluate_heldout(run: Run, step: int) -> list[Episode]:
-    """The held-out evaluation, through the agent benchmark's runner (ait.agent_eval: one way to
-    score an agent on a set of tasks): heldout_episodes episodes spread over the held-out tasks
-    (rounded up to a whole number per task), at heldout_temperature, with the policy after this
-    step's update, on threads of their own. RUN_DIR/heldout/step-N/ holds its plan, its episodes'
-    run directories and results.json (means with two standard errors)."""
-    import math
-
-    from ait.agent_eval.runner import run_eval
-    from ait.agent_eval.types import EvalPlan
-
-    config = run.config
-    specs = [(load_spec(p), p) for p in run.heldout_paths]
-    per_task = math.ceil(config.heldout_episodes / len(specs))
-    plan = EvalPlan(policy=f"outer policy after step {step}", tasks=[str(p) for _, p in specs], episodes=per_task,
-                    concurrency=min(config.concurrency, per_task * len(specs)),
-                    executor=run.episode_config.executor, temperature=config.heldout_temperature,
-                    max_turns=run.episode_config.max_turns, episode_timeout_s=run.episode_config.timeout_s)
-    played: list[Episode] = []
-
-    def play_one(spec, path, runs, run_id) -> Any:
-        index = int(run_id.rsplit("-", 1)[1]) + per_task * [s.id for s, _ in specs].index(spec.id)
-        # Not the step: every held-out evaluation replays the same seeds, so any two of them (the
-        # starting policy's and a later one, say) are a paired comparison.
-        seed = (config.seed * 7_919 + index) % 2**63
-        episode = play(run.backend, spec, path, run.episode_config, runs, run_id, seed, run.sampler.stopping,
-                       config.heldout_temperature)
-        played.append(episode)
-        return episode.result
-
-    run_eval(plan, specs, run.dir / "heldout" / f"step-{step:05d}", play_one)
-    return played
-
-
-def heldout_results(run: Run, step: int):
-    """The held-out evaluation of `step` as ait.agent_eval wrote it (None when it did not run)."""
-    from ait.agent_eval.types import EvalResults
-
-    path = run.dir / "heldout" / f"step-{step:05d}" / "results.json"
-    return EvalResults.model_validate_json(path.read_text()) if path.is_file() else None
-
-
-def heldout_transfer(run: Run, step: int):
-    """This step's held-out reward minus the starting policy's, paired by episode (same tasks, same
-    seeds), with two standard errors; None without a step-0 evaluation."""
-    from ait.agent_eval.stats import paired_difference
-
-    start, now = heldout_results(run, 0), heldout_results(run, step)
-    if start is None or now is None:
-        return None
-    return paired_difference(start.episodes, now.episodes), start.overall.reward.mean
 
 
 def load_run_config(run_dir: Path) -> OuterConfig:
