@@ -18,12 +18,13 @@ export AIT_HOME=${AIT_HOME:-/root/.ait} PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:/
 CONFIG=${CONFIG:-configs/outer/h200_qwen15.toml} STAGE=${STAGE:-/root/stage}
 mkdir -p "$AIT_HOME"
 . bench/gpu_lib.sh  # note, start_mps
-printf '[models]\n"smollm2-135m" = "$STAGE/smol.gguf"\n"qwen2.5-coder-0.5b" = "$STAGE/qwen.gguf"\n"qwen2.5-coder-1.5b" = "$STAGE/qwen15.gguf"\n' \
-  > "$AIT_HOME/models.toml"
+printf '[models]\n"smollm2-135m" = "%s/smol.gguf"\n"qwen2.5-coder-0.5b" = "%s/qwen.gguf"\n"qwen2.5-coder-1.5b" = "%s/qwen15.gguf"\n' \
+  "$STAGE" "$STAGE" "$STAGE" > "$AIT_HOME/models.toml"
 declare -A ALIAS=([smol]=smollm2-135m [qwen]=qwen2.5-coder-0.5b [qwen15]=qwen2.5-coder-1.5b)
 for f in ${MODELS-smol qwen qwen15}; do  # every model staged, then dequantised once, all at once
   while [ ! -f "$STAGE/$f.gguf.done" ]; do sleep 5; done
-  python3 -c "from ait.train.models import resolve_base_model as r; print(r('${ALIAS[$f]}'))" > "$R/convert-$f.log" 2>&1 &
+  python3 -c "from ait.train.models import resolve_base_model as r; print(r('${ALIAS[$f]}'))" > "$R/convert-$f.log" 2>&1 \
+    || note "converting $f failed: $(tail -1 "$R/convert-$f.log")" &
 done
 wait
 note "models converted"
