@@ -197,3 +197,37 @@ def test_auto_packing_takes_the_slots_and_each_models_row_from_the_shipped_matri
     # An operator's SM share wins everywhere: no per-model shares then.
     assert packing_for("auto", ["0"], 40) == (k, 40, {})
     assert packing_for("3", ["0"], None) == (3, None, {})
+
+
+def test_jobs_join_their_own_mps_daemon_while_the_launching_process_stays_out(monkeypatch, tmp_path):
+    """AIT_JOBS_MPS_PIPE_DIRECTORY: GPU slots name the jobs' MPS daemon (the sandbox's GPU settings then
+    give the job that pipe directory), CPU slots do not; the launching process's own environment is
+    left as it is, so the agent is no client of that daemon (an MPS client's fatal fault ends them all)."""
+    from ait.sandbox import gpu_settings
+
+    pipe = tmp_path / "jobs-mps"
+    pipe.mkdir()
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    assert all("CUDA_MPS_PIPE_DIRECTORY" not in e for e in slot_envs(2, ["0"], jobs_per_gpu=2))
+    monkeypatch.setenv(local.JOBS_MPS_ENV, str(pipe))
+    envs = slot_envs(4, ["0", "1"], jobs_per_gpu=2, mps_thread_percentage=50)
+    assert [e["CUDA_MPS_PIPE_DIRECTORY"] for e in envs] == [str(pipe)] * 4
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in slot_envs(1, [])[0]  # a CPU slot joins no daemon
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in __import__("os").environ
+    monkeypatch.setattr("ait.sandbox.unsafe_allowed", lambda: True)
+    monkeypatch.setattr("ait.sandbox.Path", lambda p: tmp_path if p == "/dev/nvidiactl" else Path(p))
+    assert gpu_settings(envs[0]) == (True, str(pipe))
+
+
+def test_a_job_that_finds_cuda_unusable_is_re_run_alone_not_scored_as_its_crash():
+    """Under MPS a neighbour's fatal fault leaves the daemon refusing new clients ("MPS server is not
+    ready") until the faulting ones exit: jobs starting then exit EXIT_NO_GPU, a GPU fault (re-run
+    alone, the first attempt's time added), not a crash of the agent's code."""
+    from ait.compute.run_job import classify_failure
+    from ait.sandbox import RunOutcome
+    from ait.train.request import EXIT_GPU_FAULT, EXIT_NO_GPU
+
+    for code in (EXIT_NO_GPU, EXIT_GPU_FAULT):
+        assert classify_failure(RunOutcome(code, False, 2.2, "")) is FailReason.gpu_fault
+    assert FailReason.gpu_fault in local.RETRY_ALONE
+    assert classify_failure(RunOutcome(1, False, 2.2, "")) is FailReason.crash

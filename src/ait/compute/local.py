@@ -48,7 +48,9 @@ def slot_envs(slots: int | None, gpus: list[str], jobs_per_gpu: int = 1,
     it): every torch process otherwise starts one spinning OpenMP thread per core, and K packed
     jobs would oversubscribe the host K times over. `mps_thread_percentage` caps the share of a
     GPU's SMs each job's kernels may occupy under CUDA MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE):
-    small jobs whose kernels each grab the whole GPU then run side by side instead of in turn."""
+    small jobs whose kernels each grab the whole GPU then run side by side instead of in turn.
+    With AIT_JOBS_MPS_PIPE_DIRECTORY set, GPU slots join the CUDA MPS daemon of that pipe directory
+    while this process stays out of it (see JOBS_MPS_ENV)."""
     if jobs_per_gpu < 1:
         raise ValueError(f"--jobs-per-gpu must be at least 1, got {jobs_per_gpu}")
     if not gpus:
@@ -68,11 +70,20 @@ def slot_envs(slots: int | None, gpus: list[str], jobs_per_gpu: int = 1,
         if not 1 <= mps_thread_percentage <= 100:
             raise ValueError(f"--mps-thread-percentage must be 1..100, got {mps_thread_percentage}")
         gpu_env[MPS_THREAD_PERCENTAGE_ENV] = str(mps_thread_percentage)
+    if jobs_mps := os.environ.get(JOBS_MPS_ENV):
+        gpu_env["CUDA_MPS_PIPE_DIRECTORY"] = jobs_mps
     return [{"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)], **cpu_share(n), **gpu_env} for i in range(n)]
 
 
 PACKED_LOGIT_BUDGET = LOGIT_BUDGET // 2
 MPS_THREAD_PERCENTAGE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+JOBS_MPS_ENV = "AIT_JOBS_MPS_PIPE_DIRECTORY"
+"""The pipe directory of the MPS daemon that jobs' processes join, when the process that launches them
+uses the GPU itself and must stay out (the outer loop's agent: run the daemon at a directory other than
+MPS's default /tmp/nvidia-mps and leave CUDA_MPS_PIPE_DIRECTORY unset). Under MPS a fatal CUDA fault of
+one client ends every client of the daemon (seen on an H200: the agent died with an inner job's, or its
+own, illegal memory access, and with it the run); outside it the agent's context is time-sliced with the
+daemon's, and a packed job's fault costs only the jobs packed with it (re-run alone, RETRY_ALONE)."""
 
 
 def cpu_share(slots: int) -> dict[str, str]:

@@ -54,7 +54,9 @@ def classify_failure(outcome: RunOutcome) -> FailReason:
         return FailReason.oom
     if outcome.watchdog:  # killed for its tasks (a fork bomb) or its disk use: the job's own doing
         return FailReason.crash
-    if outcome.returncode == EXIT_GPU_FAULT:
+    if outcome.returncode in (EXIT_GPU_FAULT, EXIT_NO_GPU):
+        # EXIT_NO_GPU: CUDA unusable at start, which under MPS is also what a neighbour's fault leaves
+        # behind ("MPS server is not ready") until the faulting clients exit: re-run alone, not a crash.
         return FailReason.gpu_fault
     if outcome.returncode is not None and outcome.returncode < 0:
         # SIGKILL with no memory cgroup watching: most likely the kernel's OOM killer.
