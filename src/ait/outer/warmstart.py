@@ -36,7 +36,7 @@ from ait.policy.chat import to_template
 from ait.policy.reference import ReferencePolicy
 from ait.spec import TaskSpec
 
-WARMSTART_VERSION = "ws-v2"
+WARMSTART_VERSION = "ws-v3"  # v3: the reference reads task_tools.py before writing env.py
 
 
 def reference_transcript(spec: TaskSpec, workdir: Path, baselines: BaselineStore | None = None,

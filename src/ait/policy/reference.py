@@ -1,7 +1,8 @@
 """The reference policy: a scripted agent that writes a known-good job for its family.
 
 It works only through the harness tools, as any agent must: it reads the instructions
-and task.json, checks the baselines, writes job.toml and env.py from the reference job
+and task.json, checks the baselines, reads the family's task_tools.py (the module env.py
+imports), writes job.toml and env.py from the reference job
 shipped for the task's family, submits, and stops. When the harness allows more jobs
 (EpisodeConfig.max_jobs > 1) it refines up to `jobs` times: each time it doubles
 max_steps (within the task's bound) and submits again. It is the default policy with no
@@ -39,6 +40,7 @@ def reference_job(family: str) -> dict[str, str] | None:
 
 
 MORE_JOBS = "more job(s) allowed"  # what the harness says when another job may run
+TOOL_MODULE = "task_tools.py"  # the family's tool interface, read-only in the workspace
 FENCED = {"env.py": "python"}  # files written as a fenced block in the message (info string), not as content
 
 
@@ -73,6 +75,7 @@ class ReferencePolicy:
             lambda: self._call("read_file", {"path": "INSTRUCTIONS.md"}),
             lambda: self._call("read_file", {"path": "task.json"}),
             lambda: self._read_task(messages[-1].content),
+            lambda: self._read_tools(messages),
             lambda: self._write("job.toml"),
             lambda: self._write("env.py"),
             lambda: self._call("submit_job", {}),
@@ -121,6 +124,18 @@ class ReferencePolicy:
                 self.job["job.toml"] = re.sub(r"^learning_rate\s*=.*$", f"learning_rate = {REAL_MODEL_LR}",
                                               self.job["job.toml"], flags=re.MULTILINE)
         return self._call("get_baseline_scores", {}, content=f"Family {task['family']}: writing the reference job.")
+
+    def _read_tools(self, messages: list[Message]) -> Message:
+        """Read the family's tool module before writing an env.py that imports it (when the workspace has
+        one): what the job may call is there, not in memory. A warm start distilled from transcripts
+        without this step wrote held-out triage jobs that called functions triage's module does not
+        have (H200, 2026-12-02: docs/outer.md)."""
+        listing = next((m.content for m in messages if m.role == "tool" and m.name == "list_files"), "")
+        if TOOL_MODULE not in listing:
+            self.step += 1
+            return self._write("job.toml")
+        return self._call("read_file", {"path": TOOL_MODULE},
+                          content=f"env.py imports {TOOL_MODULE}: reading the functions it may call.")
 
     def _write(self, name: str) -> Message:
         if name in FENCED:
