@@ -41,7 +41,7 @@ from ait.outer import checkpoint as ckpt
 from ait.outer.backends import make_backend
 from ait.outer.config import OuterConfig
 from ait.outer.heldout import evaluate_heldout, heldout_transfer, restore_start, results_path, start_for_bundle
-from ait.outer.metrics import MetricsLog, step_metrics
+from ait.outer.metrics import Episode, MetricsLog, step_metrics
 from ait.outer.rollouts import GroupSampler
 from ait.outer.tasks import training_tasks
 from ait.runs import new_run_id, runs_root, versions
@@ -80,7 +80,7 @@ class Run:
         ckpt.save_checkpoint(self.dir, self.backend, state, config=self.config, lineage=self.lineage,
                              max_bytes=self.config.checkpoint_max_mib * 2**20, extra=start_for_bundle(self.dir))
 
-    def evaluate_heldout(self, step: int):
+    def evaluate_heldout(self, step: int) -> list[Episode]:
         return evaluate_heldout(self.dir, self.config, self.backend, self.episode_config, self.heldout_paths,
                                 self.sampler.stopping, step)
 
