@@ -67,3 +67,22 @@ def test_warm_start_transcripts_cover_each_listed_base_model(tmp_path: Path) -> 
     assert len(written) == 2
     assert 'base_model = "smollm2-135m"' in written[0] and "learning_rate = 1e-6" in written[0]
     assert 'base_model = "tiny"' in written[1]
+
+
+def test_the_reference_reads_the_familys_tool_module_before_writing_env_py(tmp_path: Path) -> None:
+    """The habit the warm start distils: task_tools.py is read (its real content comes back) before env.py
+    is written, for every shipped family, so a held-out family's job is written from its own module."""
+    tasks = sorted((TASK.parent).glob("*.json"))
+    assert len(tasks) >= 6
+    for path in tasks:
+        spec = load_spec(path)
+        transcript = reference_transcript(spec, tmp_path / spec.id)
+        steps = [(m.tool_calls[0].name, m.tool_calls[0].arguments.get("path")) for m in transcript
+                 if m.role == "assistant" and m.tool_calls]
+        read, write = steps.index(("read_file", "task_tools.py")), steps.index(("write_file", "env.py"))
+        assert read < write and steps[-1][0] == "submit_job", (spec.id, steps)
+        call = next(m.tool_calls[0].id for m in transcript if m.role == "assistant" and m.tool_calls
+                    and m.tool_calls[0].arguments.get("path") == "task_tools.py")
+        result = next(m.content for m in transcript if m.role == "tool" and m.tool_call_id == call)
+        workspace_module = (tmp_path / spec.id / "workspace" / "task_tools.py").read_text()
+        assert result.strip() == workspace_module.strip()
