@@ -19,7 +19,7 @@ R=${RESULTS:-/root/results}; mkdir -p "$R"
 export AIT_HOME=${AIT_HOME:-/root/.ait} PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:/tmp/site
 CONFIG=${CONFIG:-configs/outer/h200_qwen15.toml} STAGE=${STAGE:-/root/stage}
 mkdir -p "$AIT_HOME"
-. bench/gpu_lib.sh  # note, start_mps
+. bench/gpu_lib.sh  # note
 printf '[models]\n"smollm2-135m" = "%s/smol.gguf"\n"qwen2.5-coder-0.5b" = "%s/qwen.gguf"\n"qwen2.5-coder-1.5b" = "%s/qwen15.gguf"\n' \
   "$STAGE" "$STAGE" "$STAGE" > "$AIT_HOME/models.toml"
 declare -A ALIAS=([smol]=smollm2-135m [qwen]=qwen2.5-coder-0.5b [qwen15]=qwen2.5-coder-1.5b)

@@ -86,13 +86,11 @@ def start_for_bundle(run_dir: Path) -> dict[str, Path]:
     return {START_FILE: path} if path.is_file() else {}
 
 
-def restore_start(bundle: Path, run_dir: Path) -> bool:
-    """Put a bundle's step-0 results back where a continued run reads them; False when it has none
-    (an arc without held-out tasks, or a bundle written before its step-0 evaluation)."""
+def restore_start(bundle: Path, run_dir: Path) -> None:
+    """Put a bundle's step-0 results back where a continued run reads them (a bundle of an arc without
+    held-out tasks, or written before its step-0 evaluation, has none: nothing to put back)."""
     source = Path(bundle) / START_FILE
-    if not source.is_file():
-        return False
-    dest = results_path(run_dir, 0)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(source, dest)
-    return True
+    if source.is_file():
+        dest = results_path(run_dir, 0)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, dest)
