@@ -222,7 +222,7 @@ class RaySlots:
         self._avoiding: list[frozenset[str]] = []  # GPUs each waiting retry must not land on
         self._running: dict[str, int] = {}  # job id -> slot
         self._stopped: set[str] = set()
-        self._restarting: set[int] = set()  # slots killed by stop(): Ray restarts them
+        self._restarting: set[int] = set()  # slots whose process was killed (by stop() or under a job): Ray restarts them
 
     def capacity(self, resources: dict[str, float], cpus_per_job: float) -> int:
         """Slots the cluster fits: K per GPU, fewer on the agent's GPU; CPU jobs by CPUs."""
@@ -285,7 +285,13 @@ class RaySlots:
                 raise import_ray().exceptions.TaskCancelledError()
             if i in self._restarting:
                 self._wait_restarted(i)
-            gpu, result = self.ray.get(self.actors[i].run.remote(job))
+            try:
+                gpu, result = self.ray.get(self.actors[i].run.remote(job))
+            except import_ray().exceptions.RayActorError:
+                # The slot's process died under the job (killed, OOM, segfault): Ray restarts it,
+                # and the next job must wait for that, or it too is lost to a restarting actor.
+                self._restarting.add(i)
+                raise
             self.gpus[i] = gpu  # a restarted slot may have been placed on another GPU
             return gpu, result
         finally:
@@ -293,7 +299,7 @@ class RaySlots:
             self._release(i)
 
     def _wait_restarted(self, i: int, timeout_s: float = 120.0) -> None:
-        """Block until slot i, killed by stop(), answers again: a job sent to an actor that is still
+        """Block until slot i, killed by stop() or dead under a job, answers again: a job sent to an actor that is still
         restarting fails with ActorUnavailableError, and may or may not have run, so none is sent
         before a harmless call (its pid) goes through."""
         unavailable = import_ray().exceptions.ActorUnavailableError
