@@ -194,6 +194,59 @@ def test_endless_reader_hits_turn_cap(env) -> None:
     assert len(reads) == 5 and all(not r.startswith("error:") and "job.toml" in r for r in reads)
 
 
+def test_an_agent_repeating_one_failing_call_is_stopped_as_stuck(env) -> None:
+    # The 1.5B agent's held-out episodes on 2026-12-02: one broken edit_file, sent again to the turn cap.
+    broken = call("edit_file", '{"path": "env.py", "old": "x = """doc"""", "new": "y"}')
+    policy = Scripted([[call("read_file", {"path": "nope.txt"})], [broken]], repeat_last=True)
+    result = env.run(policy, EpisodeConfig(max_turns=20, max_repeated_errors=3))
+    assert result.stop_reason is StopReason.stuck and result.turns == 4  # 1 other error, then 3 repeats
+    assert "edit_file" in result.error and "3 times" in result.error
+    assert result.reward.total == -0.1  # scored as it stood: nothing submitted
+    assert [e["kind"] for e in trajectory(result)].count("stuck") == 1
+
+
+def test_repeats_that_change_or_succeed_are_not_stuck(env) -> None:
+    failing = call("read_file", {"path": "nope.txt"})
+    # Alternating two different failing calls, and a failing call broken up by one that works: never stuck.
+    turns = [[failing], [call("read_file", {"path": "nope2.txt"})]] * 3
+    turns += [[failing], [failing], [call("read_file", {"path": "job.toml"})], [failing], [failing]]
+    result = env.run(Scripted(turns), EpisodeConfig(max_turns=len(turns), max_repeated_errors=3, max_nudges=0))
+    assert result.stop_reason is StopReason.turn_cap and result.turns == len(turns)
+    # 0 turns the check off: the same failing call runs to the turn cap.
+    result = env.run(Scripted([[failing]], repeat_last=True), EpisodeConfig(max_turns=6, max_repeated_errors=0))
+    assert result.stop_reason is StopReason.turn_cap and result.turns == 6
+
+
+@pytest.mark.parametrize("arguments", [
+    '{"path": "job.toml"}',                                              # the object, as a JSON string
+    {"name": "read_file", "arguments": {"path": "job.toml"}},            # the whole call as the arguments
+    '{"name": "read_file", "arguments": "{\\"path\\": \\"job.toml\\"}"}',  # both, nested
+], ids=["string", "wrapped", "wrapped-string"])
+def test_arguments_encoded_twice_or_wrapped_are_unwrapped(env, arguments) -> None:
+    result = env.run(Scripted([[call("read_file", arguments)]]), EpisodeConfig(max_nudges=0))
+    (read,) = tool_results(result)
+    assert "[train]" in read and result.malformed_tool_calls == 0
+
+
+@pytest.mark.parametrize("arguments", [
+    '["job.toml"]',                                             # valid JSON, not an object
+    '{"path": "env.py", "old": "x = """doc""""}',               # a docstring's quotes left unescaped
+])
+def test_arguments_that_are_not_an_object_say_how_to_send_them(env, arguments) -> None:
+    result = env.run(Scripted([[call("read_file", arguments)]]), EpisodeConfig(max_nudges=0))
+    (text,) = tool_results(result)
+    assert text.startswith("error: arguments for read_file are not a JSON object") and result.malformed_tool_calls == 1
+    assert '{"path": ...}' in text  # the form they should take
+
+
+def test_a_wrapped_call_of_another_tool_is_not_unwrapped(env) -> None:
+    wrapped = {"name": "write_file", "arguments": {"path": "job.toml", "content": "x"}}
+    result = env.run(Scripted([[call("read_file", wrapped)]]), EpisodeConfig(max_nudges=0))
+    (text,) = tool_results(result)
+    assert text.startswith("error: bad arguments for read_file") and result.malformed_tool_calls == 1
+    assert "[train]" in (Path(result.run_dir) / "workspace" / "job.toml").read_text()  # nothing was written
+
+
 # ---- confinement and broken calls ------------------------------------------------------------
 
 

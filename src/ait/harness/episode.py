@@ -155,6 +155,10 @@ class Episode:
                 if stop := self.finished():
                     return (self.stop_for_timeout(turn) if stop is StopReason.timeout
                             else (stop, turn, self.budget_stop))
+                if 0 < self.config.max_repeated_errors <= self.tools.repeated_errors:
+                    why = f"the same {call.name} call failed the same way {self.tools.repeated_errors} times in a row"
+                    self.run.log("stuck", reason=why, turn=turn)
+                    return StopReason.stuck, turn, why
         return StopReason.turn_cap, self.config.max_turns, None
 
     def failed_call(self, error: BaseException) -> list[dict]:

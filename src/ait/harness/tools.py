@@ -4,7 +4,8 @@ Every call returns text for the agent; a mistaken call (bad arguments, unknown t
 path outside the workspace) returns an error text, never an exception. Malformed calls
 (unknown tool, arguments that are not a JSON object, wrong argument names, a write_file
 with no content and no fenced block) are also counted: an LLM agent's rate of them is
-worth watching.
+worth watching. Arguments encoded twice (a JSON string holding the object) or wrapped as a
+whole call ({"name": ..., "arguments": {...}}) are unwrapped, not counted (`as_arguments`).
 
 `write_file` may omit `content`: the file's text is then the last fenced code block
 (```python ... ```) of the same assistant message's text (`ait.harness.fenced` has the
@@ -64,6 +65,9 @@ class EpisodeTools:
         self.baselines = baselines or BaselineStore()
         self.malformed = 0
         """Malformed calls so far."""
+        self.repeated_errors = 0
+        """How many calls in a row were one call (same tool, same arguments) answered by one error."""
+        self._last_error: tuple[str, str, str] | None = None
 
     def get_baseline_scores(self) -> str:
         """Frozen untrained scores on the hidden set the job will be scored on, read only (a model not
@@ -94,7 +98,19 @@ class EpisodeTools:
 
     def dispatch(self, call: ToolCallRequest, message: str = "") -> str:
         """Run one tool call; `message` is the text of the assistant message that made it (where
-        write_file finds a fenced block when it is given no content)."""
+        write_file finds a fenced block when it is given no content). Counts repeats of one failing call."""
+        result = self._dispatch(call, message)
+        args = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments, sort_keys=True)
+        key = (call.name, args, result)
+        if not result.startswith("error"):
+            self.repeated_errors, self._last_error = 0, None
+        elif key == self._last_error:
+            self.repeated_errors += 1
+        else:
+            self.repeated_errors, self._last_error = 1, key
+        return result
+
+    def _dispatch(self, call: ToolCallRequest, message: str) -> str:
 
         def write_file(path: str, content: str | None = None) -> str:  # the signature the agent sees
             return self.write_file(path, content, message)
@@ -109,17 +125,42 @@ class EpisodeTools:
         if handler is None:
             self.malformed += 1
             return f"error: unknown tool {call.name!r}; available: {', '.join(handlers)}"
-        if not isinstance(call.arguments, dict):
+        arguments = as_arguments(call.name, call.arguments)
+        if not isinstance(arguments, dict):
             self.malformed += 1
-            return f"error: arguments for {call.name} are not a JSON object: {str(call.arguments)[:200]}"
+            params = ", ".join(f'"{p}": ...' for p in inspect.signature(handler).parameters)
+            return (f"error: arguments for {call.name} are not a JSON object ({arguments}); send them as "
+                    f"{{{params}}}, with quotes and newlines inside strings escaped (\\\" and \\n). For a long "
+                    f"file, write_file without content writes the fenced block of your message instead.")
         try:
-            inspect.signature(handler).bind(**call.arguments)
+            inspect.signature(handler).bind(**arguments)
         except TypeError as e:
             self.malformed += 1
             return f"error: bad arguments for {call.name}: {e}"
         try:
-            return handler(**call.arguments)
+            return handler(**arguments)
         except ToolError as e:
             return f"error: {e}"
         except (OSError, UnicodeError, ValueError) as e:  # e.g. a 300-character name, a lone surrogate
             return f"error: {call.name} failed: {type(e).__name__}: {str(e)[:200]}"
+
+
+def as_arguments(name: str, arguments: Any) -> dict[str, Any] | str:
+    """A call's arguments as a dict, or why they are not one. Small models often encode the object
+    twice (a JSON string holding the object) or wrap the whole call ({"name": ..., "arguments": {...}}
+    as the arguments): both are unwrapped, since what they mean is not in doubt; anything else is not
+    guessed at."""
+    for _ in range(3):  # at most: a string, a wrapper, a string inside the wrapper
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments, strict=False)
+            except ValueError as e:
+                return f"a string that is not valid JSON: {e}; it begins {arguments[:120]!r}"
+        elif (isinstance(arguments, dict) and set(arguments) == {"name", "arguments"}
+              and arguments["name"] == name):
+            arguments = arguments["arguments"]
+        else:
+            break
+    if isinstance(arguments, dict):
+        return arguments
+    return f"a {type(arguments).__name__}: {str(arguments)[:120]!r}"

@@ -64,6 +64,7 @@ class StopReason(str, Enum):
     no_submission = "no_submission"              # the agent stopped without ever submitting
     agent_stopped = "agent_stopped"              # the agent stopped after invalid submissions
     turn_cap = "turn_cap"                        # max_turns reached
+    stuck = "stuck"                              # the same failing tool call, max_repeated_errors times in a row
     policy_error = "policy_error"                # the policy raised (API down, parse failure)
     budget = "budget"                            # the next step would pass (or the last passed) a USD budget
     context_full = "context_full"                # the conversation no longer fits the policy's context
@@ -89,6 +90,10 @@ class EpisodeConfig(Strict):
     """Policy turns before the episode is cut off."""
     max_nudges: int = Field(default=2, ge=0, le=10)
     """Reminders to submit when the agent stops without submitting."""
+    max_repeated_errors: int = Field(default=4, ge=0, le=1000)
+    """The episode stops as `stuck` when the agent makes one call (same tool, same arguments) that gets one
+    error this many times in a row; it is scored as it stood. A looping agent otherwise burns every turn left
+    (and an outer step waits for its slowest episode). 0 = never."""
     probe_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     """Wall-clock limit of one probe."""
     executor: Literal["inline", "queue", "local", "ray"] = "inline"
