@@ -19,6 +19,8 @@ SFT loss stalls near uniform). An adapter on lm_head lets the logits grow.
 from __future__ import annotations
 
 import json
+import math
+import random
 from pathlib import Path
 
 import pytest
@@ -31,22 +33,24 @@ from ait.configs import load_config
 from ait.harness.episode import opening_messages
 from ait.harness.types import Message, ToolCallRequest
 from ait.outer import checkpoint as ckpt
-from ait.outer.backends.local import LocalBackend
+from ait.outer.backends.local import LocalBackend, completion_logprobs
 from ait.outer.config import OuterConfig
 from ait.outer.loop import resolve_tasks
 from ait.outer.metrics import HELDOUT_KEYS, KEYS
 from ait.outer.tasks import training_tasks
 from ait.outer.types import TrajectoryGroup
-from ait.outer.warmstart import sft_warm_start
+from ait.outer.warmstart import sft_examples
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ROOT / "examples" / "tasks"
 # LoRA on every projection and on lm_head (see the module docstring), as a [trainer] override.
 LORA_WITH_HEAD = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
-# The warm start's SFT: with these (and cpu_tiny's seed 0) about a third of the sampled first replies are a
-# well-formed submit_job call (18 of 48 episodes on 2 threads; 120 steps gave 7 of 48 once the tool list
-# grew by select_job, 200 steps 48 of 48: groups need rewards that differ).
-SFT_STEPS, SFT_LR, SFT_BATCH = 150, 1e-2, 2
+# The warm start's SFT. The probability that the first reply is the submit_job call rises steeply with the
+# steps (measured on 2 threads: 120 steps 0.03, 150 steps 0.79), and where it crosses depends on the numerics
+# (threads, BLAS, the prompt's exact tokens), so no fixed step count keeps it in the middle. The SFT therefore
+# stops at the first check where that probability, by teacher forcing, reaches SUBMIT_P on average over the
+# training tasks: the groups then hold submitters and non-submitters, and their rewards differ.
+SFT_LR, SFT_BATCH, SFT_MAX_STEPS, SFT_CHECK_EVERY, SUBMIT_P = 1e-2, 2, 400, 3, 0.3
 
 
 def write_config(path: Path, **overrides) -> Path:
@@ -71,13 +75,35 @@ def toml(data: dict, prefix: str = "") -> str:
 
 
 def submit_first_warm_start(config_path: Path, cache_dir: Path) -> Path:
-    """A warm start for the config's policy whose target is a submit_job call right after the opening
-    messages of each training task, rendered as the sampling policy renders it."""
+    """A warm start (a backend checkpoint, usable as [policy] init_checkpoint) for the config's policy whose
+    target is a submit_job call right after the opening messages of each training task, rendered as the
+    sampling policy renders it, trained until that call's mean probability reaches SUBMIT_P."""
     config = load_config(config_path, OuterConfig)
+    config.trainer.learning_rate = SFT_LR
     submit = Message(role="assistant", tool_calls=[ToolCallRequest(id="call_0", name="submit_job", arguments={})])
     transcripts = [[*opening_messages(spec), submit] for spec, _ in training_tasks(resolve_tasks(config.tasks))]
-    return sft_warm_start(config, transcripts, steps=SFT_STEPS, learning_rate=SFT_LR, batch_size=SFT_BATCH,
-                          cache_dir=cache_dir)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        backend = LocalBackend(config)
+    try:
+        examples = [e for t in transcripts for e in sft_examples(backend.policy(), t, config.policy.max_new_tokens)]
+        rng, p = random.Random(config.seed), 0.0
+        for step in range(1, SFT_MAX_STEPS + 1):
+            backend.sft_step(rng.sample(examples, SFT_BATCH))
+            if step % SFT_CHECK_EVERY == 0 and (p := submit_probability(backend, examples)) >= SUBMIT_P:
+                break
+        assert SUBMIT_P <= p < 0.95, f"the warm start's submit probability is {p:.3f} after {step} steps"
+        backend.save(str(cache_dir))
+        return cache_dir
+    finally:
+        backend.close()
+
+
+def submit_probability(backend: LocalBackend, examples: list[tuple[list[int], list[int]]]) -> float:
+    """Mean over the examples of the probability that the whole target reply is sampled (temperature 1)."""
+    with torch.no_grad():
+        return sum(math.exp(float(completion_logprobs(backend.model, prompt, completion, 1.0).sum()))
+                   for prompt, completion in examples) / len(examples)
 
 
 def adapter(path: Path) -> dict[str, torch.Tensor]:
