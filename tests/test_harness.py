@@ -205,6 +205,27 @@ def test_an_agent_repeating_one_failing_call_is_stopped_as_stuck(env) -> None:
     assert [e["kind"] for e in trajectory(result)].count("stuck") == 1
 
 
+def test_the_replay_of_a_recorded_loop_stops_where_the_live_rule_does(env, tmp_path: Path) -> None:
+    """bench/replay_stuck.py (which docs/outer.md's replayed held-out figures come from) agrees with the harness."""
+    import importlib.util
+
+    spec_ = importlib.util.spec_from_file_location("replay_stuck", ROOT / "bench" / "replay_stuck.py")
+    replay_mod = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(replay_mod)
+    broken = call("edit_file", '{"path": "env.py", "old": "x = """doc"""", "new": "y"}')
+    turns = [[call("read_file", {"path": "nope.txt"})], [broken], [call("list_files")], [broken]]
+    unchecked = env.run(Scripted(turns, repeat_last=True), EpisodeConfig(max_turns=9, max_repeated_errors=0))
+    live = env.run(Scripted(turns, repeat_last=True), EpisodeConfig(max_turns=9, max_repeated_errors=3))
+    assert (unchecked.stop_reason, live.stop_reason, live.turns) == (StopReason.turn_cap, StopReason.stuck, 6)
+    (ep,) = [e for e in replay_mod.extract(Path(unchecked.run_dir).parent) if e["run"] == Path(unchecked.run_dir).name]
+    assert len(ep["turns"]) == 9 and [c["name"] for c in ep["calls"]][:4] == ["read_file", "edit_file", "list_files",
+                                                                          "edit_file"]
+    out = replay_mod.replay([ep], 3)
+    (row,) = out["episodes"]
+    assert (row["stuck_at_turn"], row["replayed_turns"], row["turns"]) == (live.turns, 6, 9)
+    assert replay_mod.replay([ep], 0)["episodes"][0]["stuck_at_turn"] is None
+
+
 def test_repeats_that_change_or_succeed_are_not_stuck(env) -> None:
     failing = call("read_file", {"path": "nope.txt"})
     # Alternating two different failing calls, and a failing call broken up by one that works: never stuck.

@@ -65,9 +65,7 @@ class EpisodeTools:
         self.baselines = baselines or BaselineStore()
         self.malformed = 0
         """Malformed calls so far."""
-        self.repeated_errors = 0
-        """How many calls in a row were one call (same tool, same arguments) answered by one error."""
-        self._last_error: tuple[str, str, str] | None = None
+        self.repeats = RepeatedErrors()
 
     def get_baseline_scores(self) -> str:
         """Frozen untrained scores on the hidden set the job will be scored on, read only (a model not
@@ -100,15 +98,12 @@ class EpisodeTools:
         """Run one tool call; `message` is the text of the assistant message that made it (where
         write_file finds a fenced block when it is given no content). Counts repeats of one failing call."""
         result = self._dispatch(call, message)
-        args = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments, sort_keys=True)
-        key = (call.name, args, result)
-        if not result.startswith("error"):
-            self.repeated_errors, self._last_error = 0, None
-        elif key == self._last_error:
-            self.repeated_errors += 1
-        else:
-            self.repeated_errors, self._last_error = 1, key
+        self.repeats.record(call.name, call.arguments, result)
         return result
+
+    @property
+    def repeated_errors(self) -> int:
+        return self.repeats.count
 
     def _dispatch(self, call: ToolCallRequest, message: str) -> str:
 
@@ -143,6 +138,26 @@ class EpisodeTools:
             return f"error: {e}"
         except (OSError, UnicodeError, ValueError) as e:  # e.g. a 300-character name, a lone surrogate
             return f"error: {call.name} failed: {type(e).__name__}: {str(e)[:200]}"
+
+
+class RepeatedErrors:
+    """How many calls in a row were one call (same tool, same arguments) answered by one error: the
+    sign of an agent stuck in a loop (EpisodeConfig.max_repeated_errors)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._last: tuple[str, str, str] | None = None
+
+    def record(self, name: str, arguments: Any, result: str) -> int:
+        args = arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True)
+        key = (name, args, result)
+        if not result.startswith("error"):
+            self.count, self._last = 0, None
+        elif key == self._last:
+            self.count += 1
+        else:
+            self.count, self._last = 1, key
+        return self.count
 
 
 def as_arguments(name: str, arguments: Any) -> dict[str, Any] | str:
