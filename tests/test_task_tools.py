@@ -199,3 +199,37 @@ def test_make_row_draws_only_from_the_callers_rng():
         random.seed(2)
         b = ns["make_row"](random.Random(3), {})
         assert a == b
+
+
+def test_a_call_to_a_helper_the_module_lacks_is_answered_with_what_it_has(tmp_path):
+    """The 1.5B agent's failure on held-out triage (2026-12-02): env.py written from memory called
+    task_tools.find_service, and used `re` without importing it. The probe's errors name what to use."""
+    from ait.probe.runner import probe_workspace
+
+    job = reference_job("triage")
+    env_py = job["env.py"].replace(
+        "def reward_format(completion: str, answer: str, info: dict) -> float:\n",
+        "def reward_format(completion: str, answer: str, info: dict) -> float:\n"
+        "    if re.search(r'@', completion) and tt.find_service(completion):\n        return 0.5\n")
+    env_py = env_py.replace("got, gold = tt.parse_answer(completion), tt.gold(answer)",
+                            "got, gold = tt.parse_answer(completion), tt.gold_answer(answer)")
+    assert env_py.count("find_service") == 1 and "gold_answer" in env_py
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "job.toml").write_text(job["job.toml"])
+    (ws / "env.py").write_text(env_py)
+    task_tools.install(ws, "triage")
+    report = probe_workspace(ws, load_spec(ROOT / "examples" / "tasks" / "triage.json"))
+    messages = [e.message for e in report.errors]
+    assert not report.valid
+    fmt = next(m for m in messages if "reward_format" in m)
+    assert "NameError: name 're' is not defined" in fmt and "add `import re`" in fmt
+    partial = next(m for m in messages if "reward_partial" in m)
+    assert "no attribute 'gold_answer'" in partial and "gold" in partial.split("task_tools has ")[1]  # close names
+    # Without a close name, the module's own functions and classes, not its imports or constants.
+    env_py = env_py.replace("import random\n", "import random\nimport re\n")
+    (ws / "env.py").write_text(env_py.replace("tt.gold_answer(answer)", "tt.gold(answer)"))
+    report = probe_workspace(ws, load_spec(ROOT / "examples" / "tasks" / "triage.json"))
+    (fmt,) = [e.message for e in report.errors if "reward_format" in e.message]
+    assert "no attribute 'find_service'" in fmt and "task_tools has Environment, distinct_rows, gold, make_row" in fmt
+    assert "SYSTEM_PROMPT" not in fmt and "Path" not in fmt.split("has ")[1]

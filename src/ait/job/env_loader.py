@@ -98,7 +98,35 @@ def describe_exception(e: BaseException, path: Path | None = None) -> str:
     if isinstance(e, SyntaxError) and e.lineno:
         where = f" ({path.name if path else 'env.py'} line {e.lineno})"
         return f"SyntaxError: {e.msg}{where}"
-    return f"{type(e).__name__}: {e}{where}"
+    return f"{type(e).__name__}: {e}{where}{missing_name_hint(e)}"
+
+
+def missing_name_hint(e: BaseException) -> str:
+    """What to use instead of a name that does not exist: the module's public names closest to it (an
+    agent that writes env.py from memory calls helpers its task's tool module does not have), or the
+    import a standard-library name lacks. Reads the module's __dict__ only: no hook of the agent's runs."""
+    import difflib
+
+    name = getattr(e, "name", None)
+    if not isinstance(name, str):
+        return ""
+    if isinstance(e, AttributeError) and type(getattr(e, "obj", None)) is ModuleType:
+        try:
+            namespace = dict(vars(e.obj))
+            module = str(namespace.get("__name__", "the module"))[:60]
+            names = sorted(n for n in namespace if isinstance(n, str) and not n.startswith("_"))
+            # Its own functions and classes first: what env.py is meant to call (not its imports, constants).
+            own = [n for n in names if (inspect.isfunction(namespace[n]) or inspect.isclass(namespace[n]))
+                   and getattr(namespace[n], "__module__", None) == module]
+        except Exception:  # noqa: BLE001 - a hint is never worth an error of its own
+            return ""
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+        shown = close or own[:8] or names[:8]
+        more = "" if close or len(own or names) <= len(shown) else ", ..."
+        return f"; {module} has {', '.join(shown)}{more} (read its source)" if shown else ""
+    if isinstance(e, NameError) and not isinstance(e, UnboundLocalError) and name in sys.stdlib_module_names:
+        return f"; add `import {name}` at the top of the file"
+    return ""
 
 
 def env_tools(env_class: type) -> dict[str, Callable[..., Any]]:
