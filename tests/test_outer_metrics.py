@@ -69,6 +69,7 @@ def test_step_row() -> None:
     assert row["learning_rate_share"] == {"5e-05": pytest.approx(1 / 3), template_lr: pytest.approx(2 / 3)}
     assert row["staleness_mean"] == 0.5 and row["staleness_max"] == 1 and row["resampled_groups"] == 2
     assert row["timed_out"] == 1 and row["policy_tokens"] == 12 and row["train_tokens"] == 12
+    assert row["stop_share"] == {"job_done": 0.75, "timeout": 0.25}
     assert row["loss"] == -0.25 and row["usd"] == 0.5 and row["trainer/grad_norm"] == 0.5
     assert row["heldout_reward"] == pytest.approx(0.2) and row["heldout_n"] == 2
 

@@ -46,6 +46,8 @@ def rows() -> list[dict]:
     out[1]["reward_mean"] = None  # a step whose reward was not computed
     del out[4]["usd"]             # a step that did not report its cost
     out[5]["reward_mean"] = 0.45  # best is step 5 (0.5)
+    out[4]["stop_share"] = {"job_done": 0.5, "stuck": 0.5}  # rows from before the key have none
+    out[5]["stop_share"] = {"job_done": 0.75, "turn_cap": 0.25}
     return out
 
 
@@ -71,6 +73,7 @@ def test_summary_numbers(run_dir) -> None:
     assert summary["usd_total"] == pytest.approx(1.25 * 5)  # the step without usd counts as unknown, not 0
     assert summary["policy_tokens"] == 6000 and summary["train_tokens"] == 4800 and summary["timed_out"] == 1
     assert summary["base_model_share_last"] == pytest.approx({"Qwen/Qwen3-0.6B": 0.4, "Qwen/Qwen3-1.7B": 0.6})
+    assert summary["stop_share_last"] == {"job_done": 0.75, "turn_cap": 0.25}
 
 
 @needs_matplotlib

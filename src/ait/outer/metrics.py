@@ -42,6 +42,8 @@ KEYS: dict[str, str] = {
     "resampled_groups": "groups dropped this step (and sampled again) for exceeding max_steps_off_policy, or "
                         "for having fewer than two members left once infra_error episodes were set aside",
     "timed_out": "training episodes that hit episode_timeout_s (scored as they stood)",
+    "stop_share": "{stop reason: fraction} over the training episodes (job_done, turn_cap, stuck, ...): where "
+                  "episodes that earned nothing went wrong",
     "infra_errors": "episodes of this step's groups (trained or dropped) that ended as infra_error: left out of "
                     "their group's advantages, not a verdict on the agent",
     "policy_tokens": "completion tokens the policy sampled in those episodes",
@@ -137,6 +139,7 @@ def step_metrics(step: int, groups: list[SampledGroup], stats: StepStats, *, ver
     defaults = template_defaults()
     used = [keys_set(c, defaults) for c in configs]
     rates = [f"{c.train.learning_rate:g}" for c in configs]
+    stops = [r.stop_reason.value for r in results]
     row: dict[str, Any] = {
         "step": step, "time": time.time(), "seconds": seconds, "policy_version": version,
         "episodes": len(episodes),
@@ -157,6 +160,7 @@ def step_metrics(step: int, groups: list[SampledGroup], stats: StepStats, *, ver
         "staleness_max": max(staleness, default=0),
         "resampled_groups": resampled,
         "timed_out": sum(e.trajectory.timed_out for e in episodes),
+        "stop_share": {s: stops.count(s) / len(stops) for s in sorted(set(stops))},
         "infra_errors": infra_errors,
         "policy_tokens": sum(len(t.completion_ids) for e in episodes for t in e.trajectory.turns),
         "train_tokens": stats.tokens,

@@ -55,7 +55,8 @@ SUMMARY_ROWS = [("steps", "outer steps"), ("reward_first", "reward, first step")
                 ("train_tokens", "tokens trained on"), ("seconds_total", "wall time"),
                 ("timed_out", "episodes timed out"), ("resampled_groups", "groups re-sampled (too stale)"),
                 ("infra_errors", "episodes lost to infra errors"),
-                ("base_model_share_last", "base models, last step")]
+                ("base_model_share_last", "base models, last step"),
+                ("stop_share_last", "how episodes ended, last step")]
 
 
 def render_html(run_dir: Path, rows: list[dict[str, Any]], summary: dict[str, Any], plots: list[Plot],

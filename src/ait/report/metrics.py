@@ -19,7 +19,7 @@ NUMBER_KEYS = ("step", "time", "seconds", "reward_mean", "reward_std", "validati
                "timed_out", "infra_errors", "policy_tokens", "train_tokens", "loss", "usd", "heldout_reward",
                "heldout_n")
 """Keys read as numbers (int or float; null = missing)."""
-SHARE_KEYS = ("base_model_share", "hparam_use")
+SHARE_KEYS = ("base_model_share", "hparam_use", "stop_share")
 """Keys read as {name: fraction} (null = missing)."""
 
 
@@ -111,6 +111,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     heldout = series(rows, "heldout_reward")
     best = max(reward, key=lambda p: p[1]) if reward else None
     shares = [row["base_model_share"] for row in rows if row.get("base_model_share")]
+    stops = [row["stop_share"] for row in rows if row.get("stop_share")]
 
     def total(key: str) -> float | None:
         values = [v for _, v in series(rows, key)]
@@ -142,4 +143,5 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "resampled_groups": total("resampled_groups"),
         "infra_errors": total("infra_errors"),
         "base_model_share_last": shares[-1] if shares else None,
+        "stop_share_last": stops[-1] if stops else None,
     }
