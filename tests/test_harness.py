@@ -307,6 +307,9 @@ def test_path_traversal_through_the_harness(env, tmp_path: Path, spec: TaskSpec)
     call("read_file", {"path": "env.py", "mode": "rb"}),
     call("submit_job", {"force": True}),
     call("read_file", {"path": 5}),
+    call("read_file", "[" * 100_000 + "]" * 100_000),               # nested past the JSON parser's depth
+    call("read_file", json.dumps(json.dumps({"path": ["x"] * 3}))),  # encoded twice, then a path not a string
+    call("read_file", '{"name": "read_file", "arguments": "' + "[" * 5000 + '"}'),
 ])
 def test_broken_tool_calls_return_errors_and_the_episode_goes_on(env, bad: ToolCallRequest) -> None:
     policy = Scripted([[bad], [call("read_file", {"path": "job.toml"})]])

@@ -149,7 +149,10 @@ class RepeatedErrors:
         self._last: tuple[str, str, str] | None = None
 
     def record(self, name: str, arguments: Any, result: str) -> int:
-        args = arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True)
+        try:
+            args = arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True)
+        except (ValueError, TypeError, RecursionError):  # not JSON-able as it stands: no repeat can be told
+            args = object()
         key = (name, args, result)
         if not result.startswith("error"):
             self.count, self._last = 0, None
@@ -169,8 +172,8 @@ def as_arguments(name: str, arguments: Any) -> dict[str, Any] | str:
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments, strict=False)
-            except ValueError as e:
-                return f"a string that is not valid JSON: {e}; it begins {arguments[:120]!r}"
+            except (ValueError, RecursionError) as e:  # RecursionError: nested past the parser's depth
+                return f"a string that is not valid JSON: {str(e)[:200]}; it begins {arguments[:120]!r}"
         elif (isinstance(arguments, dict) and set(arguments) == {"name", "arguments"}
               and arguments["name"] == name):
             arguments = arguments["arguments"]
@@ -178,4 +181,8 @@ def as_arguments(name: str, arguments: Any) -> dict[str, Any] | str:
             break
     if isinstance(arguments, dict):
         return arguments
-    return f"a {type(arguments).__name__}: {str(arguments)[:120]!r}"
+    try:
+        shown = repr(arguments)[:120]
+    except RecursionError:
+        shown = "(nested too deep to show)"
+    return f"a {type(arguments).__name__}: {shown}"
