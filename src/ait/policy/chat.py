@@ -21,7 +21,7 @@ def parse_arguments(raw: Any) -> dict[str, Any] | str:
         return {}  # a call with no arguments: some servers send "" rather than "{}"
     try:
         value = json.loads(raw)
-    except (TypeError, json.JSONDecodeError):
+    except (TypeError, json.JSONDecodeError, RecursionError):
         return str(raw)
     return value if isinstance(value, dict) else str(raw)
 
@@ -66,6 +66,11 @@ NAME = re.compile(r'"name"\s*:\s*"([^"]*)"')
 FENCE = re.compile(r"```[a-zA-Z]*[ \t]*\n?(.*?)```", re.DOTALL)
 FUNCTIONS_PREFIX = re.compile(r"(?:^|\n)\s*functions\.([A-Za-z_][\w-]*):")
 CALL_START = re.compile(r'\{\s*"name"\s*:\s*"([A-Za-z_][\w.-]*)"\s*,\s*"(?:arguments|parameters)"\s*:')
+OPENERS = re.compile(r"[\[{\s]+")
+MAX_FAILED_STARTS = 2000
+"""Brackets that start no JSON value before the scan for calls gives up: each failed start costs a pass
+over the text before it (the decoder's error counts lines), so a reply of brackets would cost n^2."""
+
 
 
 def salvage_tool_calls(text: str, prefix: str, *, bare_json: bool = False,
@@ -86,7 +91,7 @@ def salvage_tool_calls(text: str, prefix: str, *, bare_json: bool = False,
         body = strip_fence(block.strip())
         try:
             obj = json.loads(body, strict=False)  # raw newlines inside strings: small models write file contents so
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: nested past the parser's depth
             obj = None
         call = call_from_json(obj, f"{prefix}_{i}", tool_names=None, strict=False)
         if call is not None:
@@ -129,15 +134,18 @@ def json_tool_calls(text: str, prefix: str, tool_names: set[str] | None) -> tupl
     decoder = json.JSONDecoder(strict=False)
     calls: list[ToolCallRequest] = []
     spans: list[tuple[int, int]] = []
-    i = 0
-    while i < len(text):
+    i, failed = 0, 0
+    while i < len(text) and failed < MAX_FAILED_STARTS:
         if text[i] not in "{[":
             i += 1
             continue
         try:
             obj, end = decoder.raw_decode(text, i)
         except json.JSONDecodeError:
-            i += 1
+            i, failed = i + 1, failed + 1
+            continue
+        except RecursionError:  # nested past the parser's depth: so is every start inside this run of
+            i = OPENERS.match(text, i).end()  # openers; skipping them keeps a long run from costing n^2
             continue
         found = [call_from_json(o, f"{prefix}_{len(calls) + k}", tool_names)
                  for k, o in enumerate(obj if isinstance(obj, list) else [obj])]
@@ -153,7 +161,7 @@ def json_tool_calls(text: str, prefix: str, tool_names: set[str] | None) -> tupl
             rest = text[named.end():].lstrip()
             try:
                 args, end = decoder.raw_decode(rest) if rest.startswith("{") else ({}, 0)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):  # RecursionError: nested past the parser's depth
                 args, end = rest, len(rest)
             call = ToolCallRequest(id=f"{prefix}_0", name=named.group(1), arguments=parse_arguments(args))
             return (text[:named.start()] + rest[end:]).strip(), [call]

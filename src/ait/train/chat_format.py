@@ -63,7 +63,7 @@ def parse_reply(tokenizer, ids: list[int], text: str, prefix: list[int]) -> tupl
         if isinstance(args, str):
             try:
                 args = json.loads(args)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):  # RecursionError: nested past the parser's depth
                 args = {}
         if isinstance(fn.get("name"), str) and isinstance(args, dict):
             calls.append(ToolCall(name=fn["name"], arguments=args))
@@ -100,7 +100,7 @@ def _json_values(text: str) -> list:
     while at < len(text):
         try:
             value, end = decoder.raw_decode(text, at)
-        except (json.JSONDecodeError, ValueError):
+        except (ValueError, RecursionError):
             return []
         values.append(value)
         at = end
