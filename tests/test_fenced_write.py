@@ -199,7 +199,7 @@ def test_warm_start_transcript_carries_the_block_before_the_call(tmp_path) -> No
     from ait.outer.warmstart import reference_transcript
 
     spec = load_spec(TASK)
-    transcript = reference_transcript(spec, tmp_path / "t")
+    transcript = reference_transcript(spec, tmp_path / "t").messages
     (i, reply), = [(i, m) for i, m in enumerate(transcript) if m.role == "assistant"
                    and any(c.name == "write_file" and c.arguments == {"path": "env.py"} for c in m.tool_calls)]
     assert last_fenced_block(reply.content) == reference_job(spec.family)["env.py"]

@@ -547,3 +547,14 @@ def test_a_job_that_failed_outside_the_agents_code_ends_the_episode_as_infra_err
     assert result.stop_reason is StopReason.infra_error and "the eval exited with status 1" in result.error
     assert result.reward.validation == 1.0 and result.reward.job_quality == 0.0  # recorded as it stood
     assert json.loads((Path(result.run_dir) / "episode.json").read_text())["stop_reason"] == "infra_error"
+
+
+def test_the_reference_with_a_slip_recovers_in_a_real_episode(env, spec: TaskSpec) -> None:
+    """ReferencePolicy(slip=...) through the harness: the probe rejects the misnamed helper, the policy's
+    edit_file fixes it, the second submission is valid and runs (validation 1 - 1/K)."""
+    result = env.run(ReferencePolicy(jobs=1, slip=1), EpisodeConfig())
+    assert [s.report.valid for s in result.submissions] == [False, True] and len(env.executed) == 1
+    assert result.stop_reason is StopReason.job_done and result.malformed_tool_calls == 0
+    assert result.reward.validation == pytest.approx(1 - 1 / spec.max_submission_attempts)
+    edits = tool_results(result, "edit_file")
+    assert len(edits) == 1 and edits[0].startswith("edited env.py")

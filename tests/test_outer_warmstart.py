@@ -11,7 +11,7 @@ import torch
 
 from ait.outer.backends.local import LocalBackend
 from ait.outer.config import OuterConfig
-from ait.outer.warmstart import build_warm_start, reference_transcript, sft_examples
+from ait.outer.warmstart import Transcript, build_warm_start, reference_transcript, sft_examples
 from ait.spec import load_spec
 
 TASK = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "calc_chain_fast.json"
@@ -19,7 +19,7 @@ TASK = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "calc_chain_
 
 def test_warm_start_distils_the_reference_transcript(tmp_path: Path) -> None:
     spec = load_spec(TASK)
-    transcript = reference_transcript(spec, tmp_path / "t")
+    transcript = reference_transcript(spec, tmp_path / "t").messages
     calls = [m.tool_calls[0].name for m in transcript if m.role == "assistant"]
     assert calls[0] == "list_files" and calls[-1] == "submit_job" and "write_file" in calls
     config = OuterConfig(policy={"model": "tiny", "max_new_tokens": 64},
@@ -61,7 +61,7 @@ def test_warm_start_transcripts_cover_each_listed_base_model(tmp_path: Path) -> 
     (transcripts,) = seen
     written = []
     for t in transcripts:
-        toml = next(c.arguments["content"] for m in t if m.role == "assistant" for c in m.tool_calls
+        toml = next(c.arguments["content"] for m in t.messages if m.role == "assistant" for c in m.tool_calls
                     if c.name == "write_file" and c.arguments.get("path") == "job.toml")
         written.append(toml)
     assert len(written) == 2
@@ -76,7 +76,7 @@ def test_the_reference_reads_the_familys_tool_module_before_writing_env_py(tmp_p
     assert len(tasks) >= 6
     for path in tasks:
         spec = load_spec(path)
-        transcript = reference_transcript(spec, tmp_path / spec.id)
+        transcript = reference_transcript(spec, tmp_path / spec.id).messages
         steps = [(m.tool_calls[0].name, m.tool_calls[0].arguments.get("path")) for m in transcript
                  if m.role == "assistant" and m.tool_calls]
         read, write = steps.index(("read_file", "task_tools.py")), steps.index(("write_file", "env.py"))
@@ -86,3 +86,57 @@ def test_the_reference_reads_the_familys_tool_module_before_writing_env_py(tmp_p
         result = next(m.content for m in transcript if m.role == "tool" and m.tool_call_id == call)
         workspace_module = (tmp_path / spec.id / "workspace" / "task_tools.py").read_text()
         assert result.strip() == workspace_module.strip()
+
+
+def test_a_recovery_transcript_fixes_a_slip_the_probe_really_caught(tmp_path: Path) -> None:
+    """For every shipped family: the first env.py misnames one task_tools helper, the real probe rejects
+    it with an error naming the helper it has, the agent fixes that line with edit_file and submits again;
+    the fixed env.py is the reference's, and the slipped write is context only, never a target."""
+    from ait.outer.warmstart import recovery_transcript
+    from ait.policy.reference import reference_job
+
+    config = OuterConfig(policy={"model": "tiny", "max_new_tokens": 1024}, trainer={"device": "cpu", "lora_r": 4})
+    policy = LocalBackend(config).policy()
+    slips_that_fit = 0
+    for k, path in enumerate(sorted(TASK.parent.glob("*.json"))):
+        spec = load_spec(path)
+        t = recovery_transcript(spec, tmp_path / spec.id, None, first_slip=k)
+        calls = [(i, c) for i, m in enumerate(t.messages) if m.role == "assistant" for c in m.tool_calls]
+        names = [c.name for _, c in calls]
+        assert names[-3:] == ["submit_job", "edit_file", "submit_job"] and names.count("submit_job") == 2, names
+        rejected = next(m.content for m in t.messages if m.role == "tool" and m.name == "submit_job")
+        edit = next(c.arguments for _, c in calls if c.name == "edit_file")
+        wrong = edit["old"].split("tt.", 1)[1].split("(")[0]
+        right = edit["new"].split("tt.", 1)[1].split("(")[0]
+        assert rejected.startswith("invalid job (attempt 1, ") and f"no attribute '{wrong}'" in rejected
+        assert f"task_tools has {right}" in rejected or f", {right}" in rejected  # the probe's hint names it
+        fixed = tmp_path / spec.id
+        workspace = next(p for p in fixed.glob("slip-*/workspace") if (p / "env.py").exists()
+                         and (p / "env.py").read_text() == reference_job(spec.family)["env.py"])
+        assert (workspace.parent / "submission-1").is_dir() and not (workspace.parent / "submission-2").exists()
+        (slipped,) = t.untrained
+        assert t.messages[slipped].tool_calls[0].name == "write_file" and wrong in t.messages[slipped].content
+        # Every turn that fits the tiny model's context is a target, but the slip.
+        whole = sft_examples(policy, Transcript(t.messages), max_completion=1024)
+        trained = sft_examples(policy, t, max_completion=1024)
+        fits = len(sft_examples(policy, t.messages[:slipped + 1], 1024)) > len(sft_examples(policy, t.messages[:slipped], 1024))
+        assert len(whole) - len(trained) == int(fits) and set(map(str, trained)) <= set(map(str, whole))
+        slips_that_fit += fits
+    assert slips_that_fit >= 2  # the exclusion was really exercised
+
+
+def test_the_warm_start_alternates_plain_and_recovery_transcripts(tmp_path: Path) -> None:
+    from ait.outer import warmstart
+
+    specs = [load_spec(TASK), load_spec(TASK.parent / "triage.json")]
+    seen: list = []
+    real = warmstart.sft_warm_start
+    warmstart.sft_warm_start = lambda config, transcripts, **kw: seen.append(transcripts) or tmp_path
+    try:
+        build_warm_start(OuterConfig(policy={"model": "tiny"}), specs, base_models=["tiny", "tiny"])
+    finally:
+        warmstart.sft_warm_start = real
+    (transcripts,) = seen
+    recovers = [any(c.name == "edit_file" for m in t.messages for c in m.tool_calls) for t in transcripts]
+    assert recovers == [False, True, True, False]  # (task, model) = (0,0), (0,1), (1,0), (1,1)
+    assert [bool(t.untrained) for t in transcripts] == recovers

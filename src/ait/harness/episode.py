@@ -31,6 +31,7 @@ from ait.job.types import FailReason, Job, JobResult
 from ait.metering import Ledger, Meter, load_prices
 from ait.policy.base import Policy
 from ait.probe.runner import probe_workspace
+from ait.probe.types import ProbeReport
 from ait.reward import compute_reward
 from ait.runs import RunDir, new_run_id, runs_root, versions
 from ait.sandbox import require_isolation
@@ -55,6 +56,11 @@ def seed_workspace(workspace: Path, spec: TaskSpec) -> None:
     for name in READ_ONLY:
         if (workspace / name).exists():
             (workspace / name).chmod(0o444)
+
+
+def invalid_job_text(report: ProbeReport, attempt: int, left: int) -> str:
+    """What submit_job answers for a job the probe rejected."""
+    return f"invalid job (attempt {attempt}, {left} left):\n{report.summary()}"
 
 
 def opening_messages(spec: TaskSpec) -> list[Message]:
@@ -231,7 +237,7 @@ class Episode:
         self.run.log("probe", attempt=attempt, valid=report.valid, errors=[e.model_dump() for e in report.errors],
                      seconds=round(report.seconds, 3))
         if not report.valid:
-            return f"invalid job (attempt {attempt}, {K - self.invalid_attempts()} left):\n{report.summary()}"
+            return invalid_job_text(report, attempt, K - self.invalid_attempts())
         self.valid_attempt = self.valid_attempt or attempt
         task_tools.install(snapshot, self.spec.family)  # and again after the probe ran the agent's code in it
         index = len(self.jobs) + 1

@@ -7,7 +7,10 @@ episode (list, read, check baselines, write, submit), so that sampled episodes d
 some submit. The rewards stay honest: they come from the harness as for any policy.
 
     reference_transcript   drive the harness tools with the scripted reference policy up to its
-                           submit_job call (nothing is probed or trained: the call is only the target)
+                           submit_job call (no job runs: the call is only the target); with a slip,
+                           through a really probed, rejected first submission and the agent's fix
+    recovery_transcript    a reference transcript whose slip the probe caught (build_warm_start uses
+                           one for every other task and base model)
     sft_examples           (prompt ids, completion ids) per assistant turn, rendered exactly as the
                            sampling policy renders them (chat template, tool schemas, context fitting)
     sft_warm_start         SFT a LocalBackend on the assistant turns of any transcripts and save its
@@ -23,42 +26,84 @@ import json
 import random
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ait.evals.baselines import BaselineStore
-from ait.harness.episode import READ_ONLY, opening_messages, seed_workspace
+from ait.harness.episode import READ_ONLY, invalid_job_text, opening_messages, seed_workspace
 from ait.harness.tools import TOOL_SCHEMAS, EpisodeTools
 from ait.harness.types import Message, PolicyStop
 from ait.harness.workspace_tools import WorkspaceTools
 from ait.home import ait_home
+from ait.job import task_tools
 from ait.policy.chat import to_template
 from ait.policy.reference import ReferencePolicy
+from ait.probe.runner import probe_workspace
 from ait.spec import TaskSpec
 
-WARMSTART_VERSION = "ws-v3"  # v3: the reference reads task_tools.py before writing env.py
+WARMSTART_VERSION = "ws-v4"  # v3: the reference reads task_tools.py first; v4: half the transcripts fix a slip
+
+
+@dataclass
+class Transcript:
+    """A conversation to distil, and the indices of its assistant turns that are context, not targets
+    (a planted mistake: the model should learn to fix it, not to make it)."""
+
+    messages: list[Message]
+    untrained: frozenset[int] = frozenset()
 
 
 def reference_transcript(spec: TaskSpec, workdir: Path, baselines: BaselineStore | None = None,
-                         base_model: str | None = None) -> list[Message]:
+                         base_model: str | None = None, slip: int | None = None) -> Transcript:
     """The reference agent's conversation up to and including its submit_job call (its job on
-    `base_model` when given, else on the reference job's own choice)."""
+    `base_model` when given, else on the reference job's own choice). With `slip` (ReferencePolicy's),
+    its first env.py misnames one task_tools helper: that submission is really probed, and the
+    transcript goes on through the probe's error, the agent's edit_file fix and its second submit_job
+    call; the slipped write is left untrained. Nothing else is probed, and no job runs."""
     workspace = workdir / "workspace"
     seed_workspace(workspace, spec)
-    tools = EpisodeTools(WorkspaceTools(workspace, read_only=READ_ONLY), spec,
-                         submit=lambda: "not run (warm-start transcript)", baselines=baselines)
+    agent = ReferencePolicy(jobs=1, base_model=base_model, slip=slip)
+    attempts = []
+
+    def probe_submission() -> str:  # as the harness's submit_job does it, short of running the job
+        attempts.append(workdir / f"submission-{len(attempts) + 1}")
+        shutil.copytree(workspace, attempts[-1], symlinks=True)
+        task_tools.install(attempts[-1], spec.family)
+        report = probe_workspace(attempts[-1], spec)
+        if report.valid:
+            return f"job valid (attempt {len(attempts)}); not run (warm-start transcript)"
+        return invalid_job_text(report, len(attempts), spec.max_submission_attempts - len(attempts))
+
+    tools = EpisodeTools(WorkspaceTools(workspace, read_only=READ_ONLY), spec, baselines=baselines,
+                         submit=probe_submission if slip is not None else lambda: "not run (warm-start transcript)")
     messages = opening_messages(spec)
-    agent = ReferencePolicy(jobs=1, base_model=base_model)
+    untrained = set()
     agent.reset(spec)
     for _ in range(50):
         reply = agent.act(messages, TOOL_SCHEMAS)
+        if agent.fix is not None and any(c.name == "write_file" and c.arguments.get("path") == "env.py"
+                                         for c in reply.tool_calls):
+            untrained.add(len(messages))  # the slipped env.py
         messages.append(reply)
-        if not reply.tool_calls or any(c.name == "submit_job" for c in reply.tool_calls):
+        if not reply.tool_calls or (any(c.name == "submit_job" for c in reply.tool_calls) and agent.fix is None):
             break
         for call in reply.tool_calls:
             result = tools.dispatch(call, reply.content)  # the reply's text: where a fenced file body is
             messages.append(Message(role="tool", content=result, tool_call_id=call.id, name=call.name))
-    return messages
+    return Transcript(messages, frozenset(untrained))
+
+
+def recovery_transcript(spec: TaskSpec, workdir: Path, base_model: str | None, first_slip: int = 0,
+                        tries: int = 6) -> Transcript:
+    """A reference transcript in which the probe rejects a slip and the agent fixes it: slips `first_slip`,
+    `first_slip` + 1, ... until the probe catches one (a slip in code the probe never runs passes it), at
+    most `tries`; failing that, the plain reference transcript."""
+    for k in range(tries):
+        t = reference_transcript(spec, workdir / f"slip-{k}", base_model=base_model, slip=first_slip + k)
+        if any(c.name == "edit_file" for m in t.messages for c in m.tool_calls):
+            return t
+    return reference_transcript(spec, workdir / "plain", base_model=base_model)
 
 
 def completion_ids(tokenizer: Any, history: list[Message], reply: Message) -> list[int]:
@@ -77,13 +122,18 @@ def completion_ids(tokenizer: Any, history: list[Message], reply: Message) -> li
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def sft_examples(policy: Any, transcript: list[Message], max_completion: int) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, completion ids) per assistant turn whose reply fits `max_completion` tokens (a
-    longer one could never be sampled whole) and whose prompt fits the model's context. `policy` is
-    an HFPolicy: its `fit` renders the prompt as sampling does."""
+def sft_examples(policy: Any, transcript: list[Message] | Transcript,
+                 max_completion: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, completion ids) per assistant turn (but a Transcript's untrained ones) whose reply
+    fits `max_completion` tokens (a longer one could never be sampled whole) and whose prompt fits the
+    model's context. `policy` is an HFPolicy: its `fit` renders the prompt as sampling does."""
+    if isinstance(transcript, Transcript):
+        transcript, untrained = transcript.messages, transcript.untrained
+    else:
+        untrained = frozenset()
     out = []
     for i, m in enumerate(transcript):
-        if m.role != "assistant":
+        if m.role != "assistant" or i in untrained:
             continue
         completion = completion_ids(policy.tokenizer, transcript[:i], m)
         if len(completion) > max_completion:
@@ -105,14 +155,16 @@ def build_warm_start(config: Any, specs: list[TaskSpec], *, steps: int = 60, lea
     (usable as [policy] init_checkpoint)."""
     models = base_models or [None]
     with tempfile.TemporaryDirectory(prefix="ait-warmstart-") as tmp:
-        transcripts = [reference_transcript(spec, Path(tmp) / f"{i}-{j}", base_model=model)
+        # Every other transcript recovers from a slip (alternating over tasks and models alike).
+        transcripts = [recovery_transcript(spec, Path(tmp) / f"{i}-{j}", model, first_slip=i)
+                       if (i + j) % 2 else reference_transcript(spec, Path(tmp) / f"{i}-{j}", base_model=model)
                        for i, spec in enumerate(specs) for j, model in enumerate(models)]
     return sft_warm_start(config, transcripts, steps=steps, learning_rate=learning_rate, batch_size=batch_size,
                           cache_dir=cache_dir, note={"source": "reference", "tasks": [s.id for s in specs],
                                                      "base_models": base_models or []})
 
 
-def sft_warm_start(config: Any, transcripts: list[list[Message]], *, steps: int, learning_rate: float,
+def sft_warm_start(config: Any, transcripts: list[list[Message] | Transcript], *, steps: int, learning_rate: float,
                    batch_size: int = 8, cache_dir: Path | None = None, note: dict[str, Any] | None = None) -> Path:
     """A warm-start checkpoint for `config`'s policy (local backend): `steps` AdamW steps of next-token
     loss on the assistant turns of `transcripts` (each turn a target given everything before it, rendered
@@ -124,13 +176,15 @@ def sft_warm_start(config: Any, transcripts: list[list[Message]], *, steps: int,
 
     from ait.outer.backends.local import LocalBackend
 
+    transcripts = [t if isinstance(t, Transcript) else Transcript(list(t)) for t in transcripts]
     sft_config = config.model_copy(deep=True)
     sft_config.trainer.learning_rate = learning_rate
     sft_config.policy.init_checkpoint = None
     sft_config.warmstart.steps = 0
     key = json.dumps({"v": WARMSTART_VERSION, "model": config.policy.model, "trainer": sft_config.trainer.model_dump(),
                       "max_new_tokens": config.policy.max_new_tokens, "max_context": config.policy.max_context,
-                      "transcripts": [[m.model_dump_json() for m in t] for t in transcripts], "steps": steps,
+                      "transcripts": [[m.model_dump_json() for m in t.messages] + sorted(t.untrained)
+                                      for t in transcripts], "steps": steps,
                       "bs": batch_size, "seed": config.seed}, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     dest = (cache_dir or ait_home() / "warmstart") / f"{config.policy.model.replace('/', '_')}-{digest}"

@@ -8,6 +8,11 @@ shipped for the task's family, submits, and stops. When the harness allows more 
 max_steps (within the task's bound) and submits again. It is the default policy with no
 API key, the demo, a test fixture and a baseline for trained agents.
 
+With `slip=N` its first env.py calls a task_tools helper by a name the module lacks (one
+call, `plant_slip`), as agents that write from memory do; it reads the probe's error, fixes
+that line with edit_file and submits again. The warm start distils such recoveries (without
+the slip itself): the 1.5B agent never recovered from a probe error before (docs/outer.md).
+
 It writes env.py as a small agent should write a long file: the whole file in a ```python
 block in its message, then write_file with only the path (the harness writes the message's
 last fenced block), rather than as one JSON-escaped string. Short job.toml goes as
@@ -44,6 +49,28 @@ TOOL_MODULE = "task_tools.py"  # the family's tool interface, read-only in the w
 FENCED = {"env.py": "python"}  # files written as a fenced block in the message (info string), not as content
 
 
+TT_CALL = re.compile(r"\btt\.([a-z_]\w*)\(")
+MISNAMINGS = ("{}s", "get_{}", "find_{}")
+"""How the slip misnames a helper (cycled): names a model might remember from elsewhere."""
+
+
+def plant_slip(env_py: str, which: int = 0) -> tuple[str, str, str, str, str] | None:
+    """(env.py with one task_tools call misnamed, the wrong line, the right line, the wrong name, the
+    right name), or None when env.py calls no helper. Of the calls `tt.NAME(` on lines that occur once,
+    the `which`-th (cycling) is renamed by MISNAMINGS[which], to a helper the module lacks."""
+    lines = env_py.splitlines(keepends=True)
+    spots = [(i, m) for i, line in enumerate(lines) if not line.lstrip().startswith("#")
+             and env_py.count(line) == 1 and (m := TT_CALL.search(line))]
+    if not spots:
+        return None
+    i, match = spots[which % len(spots)]
+    right = match.group(1)
+    wrong = MISNAMINGS[which % len(MISNAMINGS)].format(right)
+    line = lines[i]
+    bad = line[:match.start(1)] + wrong + line[match.end(1):]
+    return "".join(lines[:i] + [bad] + lines[i + 1:]), bad.rstrip("\n"), line.rstrip("\n"), wrong, right
+
+
 def more_steps(job_toml: str, cap: int) -> str | None:
     """job.toml with max_steps doubled (at most `cap`), or None when it cannot grow."""
     match = re.search(r"^max_steps\s*=\s*(\d+)", job_toml, re.MULTILINE)
@@ -56,17 +83,22 @@ def more_steps(job_toml: str, cap: int) -> str | None:
 class ReferencePolicy:
     name = "reference"
 
-    def __init__(self, jobs: int = 2, base_model: str | None = None):
+    def __init__(self, jobs: int = 2, base_model: str | None = None, slip: int | None = None):
         self.jobs = jobs
         """Most jobs to run when the harness allows several (1 = never refine)."""
         self.base_model = base_model
         """Base model to write into job.toml (None: the reference job's, or the task's first allowed)."""
-        self.settings = {"jobs": jobs, **({"base_model": base_model} if base_model else {})}
+        self.slip = slip
+        """When set: write a first env.py with one misnamed task_tools call (plant_slip's `which`), then fix
+        it from the probe's error."""
+        self.settings = {"jobs": jobs, **({"base_model": base_model} if base_model else {}),
+                         **({"slip": slip} if slip is not None else {})}
 
     def reset(self, spec: TaskSpec) -> None:
         self.step = 0
         self.submitted = 0
-        self.resubmit = False
+        self.resubmit: str | None = None  # the message of a submit_job call due next
+        self.fix: tuple[str, str, str, str] | None = None  # (wrong line, right line, names) while unfixed
 
     def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
         self.step += 1
@@ -85,16 +117,22 @@ class ReferencePolicy:
         return self._refine(messages[-1])
 
     def _refine(self, last: Message) -> Message:
-        """After a job: write a longer-trained job.toml, then submit it, while jobs are allowed."""
-        if self.resubmit:
-            self.resubmit = False
-            return self._call("submit_job", {}, content="Submitting the longer run.")
+        """After a job: write a longer-trained job.toml, then submit it, while jobs are allowed. After
+        the probe rejected the slip: fix its line, then submit again."""
+        if self.fix is not None and last.role == "tool" and last.name == "submit_job" and "invalid" in last.content:
+            wrong, right, wrong_name, right_name = self.fix
+            self.fix, self.resubmit = None, "Submitting the fixed job."
+            return self._call("edit_file", {"path": "env.py", "old": wrong, "new": right},
+                              content=f"task_tools has no {wrong_name}: the helper is {right_name}. Fixing that line.")
+        if self.resubmit is not None:
+            content, self.resubmit = self.resubmit, None
+            return self._call("submit_job", {}, content=content)
         after_job = last.role == "tool" and last.name == "submit_job" and MORE_JOBS in last.content
         if self.submitted < self.jobs and after_job:
             longer = more_steps(self.job["job.toml"], self.max_steps)
             if longer is not None:
                 self.job["job.toml"] = longer
-                self.resubmit = True
+                self.resubmit = "Submitting the longer run."
                 return self._write("job.toml")
         return Message(role="assistant", content="I submitted the reference job for this task.")
 
@@ -110,6 +148,9 @@ class ReferencePolicy:
             self.step = 10_000  # nothing to write: stop, and let the harness record it
             return Message(role="assistant", content=f"I have no reference job for family {task['family']!r}.")
         self.max_steps = int(task["constraints"]["max_steps"])
+        if self.slip is not None and (planted := plant_slip(self.job["env.py"], self.slip)) is not None:
+            self.job["env.py"], *fix = planted
+            self.fix = (fix[0], fix[1], fix[2], fix[3])
         allowed = task["constraints"]["allowed_base_models"]
         match = re.search(r'^base_model\s*=\s*"([^"]*)"', self.job["job.toml"], re.MULTILINE)
         if match and (self.base_model or match.group(1) not in allowed):
