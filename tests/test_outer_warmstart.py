@@ -139,4 +139,4 @@ def test_the_warm_start_alternates_plain_and_recovery_transcripts(tmp_path: Path
     (transcripts,) = seen
     recovers = [any(c.name == "edit_file" for m in t.messages for c in m.tool_calls) for t in transcripts]
     assert recovers == [False, True, True, False]  # (task, model) = (0,0), (0,1), (1,0), (1,1)
-    assert [bool(t.untrained) for t in transcripts] == recovers
+    assert [bool(t.untrained) for t in transcripts] == recovers  # warmstart.json records their count

@@ -161,7 +161,8 @@ def build_warm_start(config: Any, specs: list[TaskSpec], *, steps: int = 60, lea
                        for i, spec in enumerate(specs) for j, model in enumerate(models)]
     return sft_warm_start(config, transcripts, steps=steps, learning_rate=learning_rate, batch_size=batch_size,
                           cache_dir=cache_dir, note={"source": "reference", "tasks": [s.id for s in specs],
-                                                     "base_models": base_models or []})
+                                                     "base_models": base_models or [],
+                                                     "recoveries": sum(bool(t.untrained) for t in transcripts)})
 
 
 def sft_warm_start(config: Any, transcripts: list[list[Message] | Transcript], *, steps: int, learning_rate: float,
