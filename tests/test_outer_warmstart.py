@@ -33,6 +33,7 @@ def test_warm_start_distils_the_reference_transcript(tmp_path: Path) -> None:
     path = build_warm_start(config, [spec], steps=2, batch_size=2, learning_rate=1e-2, cache_dir=tmp_path / "ws")
     meta = json.loads((path / "warmstart.json").read_text())
     assert meta["steps"] == 2 and meta["examples"] == len(examples) and meta["tasks"] == [spec.id]
+    assert meta["recoveries"] == 0  # one task, one model: the (0, 0) transcript is plain
     t0 = time.monotonic()
     assert build_warm_start(config, [spec], steps=2, batch_size=2, learning_rate=1e-2,
                             cache_dir=tmp_path / "ws") == path
@@ -139,4 +140,4 @@ def test_the_warm_start_alternates_plain_and_recovery_transcripts(tmp_path: Path
     (transcripts,) = seen
     recovers = [any(c.name == "edit_file" for m in t.messages for c in m.tool_calls) for t in transcripts]
     assert recovers == [False, True, True, False]  # (task, model) = (0,0), (0,1), (1,0), (1,1)
-    assert [bool(t.untrained) for t in transcripts] == recovers  # warmstart.json records their count
+    assert [bool(t.untrained) for t in transcripts] == recovers
