@@ -146,7 +146,7 @@ class RepeatedErrors:
 
     def __init__(self) -> None:
         self.count = 0
-        self._last: tuple[str, str, str] | None = None
+        self._last: tuple[str, Any, str] | None = None  # (tool, arguments as JSON, result)
 
     def record(self, name: str, arguments: Any, result: str) -> int:
         try:
