@@ -141,3 +141,18 @@ def test_the_warm_start_alternates_plain_and_recovery_transcripts(tmp_path: Path
     recovers = [any(c.name == "edit_file" for m in t.messages for c in m.tool_calls) for t in transcripts]
     assert recovers == [False, True, True, False]  # (task, model) = (0,0), (0,1), (1,0), (1,1)
     assert [bool(t.untrained) for t in transcripts] == recovers
+
+
+def test_a_rejection_that_does_not_name_the_slip_is_no_recovery(tmp_path: Path, monkeypatch) -> None:
+    """A probe that failed for another reason (here: it timed out) is not what the fix answers: every
+    slip is tried, then the plain reference transcript is used."""
+    from ait.outer import warmstart
+    from ait.probe.types import ProbeCheck, ProbeError, ProbeReport
+
+    probes = []
+    timed_out = ProbeReport(valid=False, errors=[ProbeError(check=ProbeCheck.timeout, message="the probe ran past 60 s")])
+    monkeypatch.setattr(warmstart, "probe_workspace", lambda ws, spec: probes.append(ws) or timed_out)
+    t = warmstart.recovery_transcript(load_spec(TASK), tmp_path, None, tries=3)
+    assert len(probes) == 3 and t.untrained == frozenset()
+    assert not any(c.name == "edit_file" for m in t.messages for c in m.tool_calls)
+    assert [c.name for m in t.messages for c in m.tool_calls].count("submit_job") == 1

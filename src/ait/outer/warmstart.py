@@ -38,7 +38,7 @@ from ait.harness.workspace_tools import WorkspaceTools
 from ait.home import ait_home
 from ait.job import task_tools
 from ait.policy.chat import to_template
-from ait.policy.reference import ReferencePolicy
+from ait.policy.reference import TT_CALL, ReferencePolicy
 from ait.probe.runner import probe_workspace
 from ait.spec import TaskSpec
 
@@ -101,7 +101,10 @@ def recovery_transcript(spec: TaskSpec, workdir: Path, base_model: str | None, f
     most `tries`; failing that, the plain reference transcript."""
     for k in range(tries):
         t = reference_transcript(spec, workdir / f"slip-{k}", base_model=base_model, slip=first_slip + k)
-        if any(c.name == "edit_file" for m in t.messages for c in m.tool_calls):
+        edits = [c.arguments for m in t.messages for c in m.tool_calls if c.name == "edit_file"]
+        verdict = next((m.content for m in t.messages if m.role == "tool" and m.name == "submit_job"), "")
+        # The fix must answer the probe's own words (not, say, a probe that timed out).
+        if edits and TT_CALL.search(edits[0]["old"]).group(1) in verdict:
             return t
     return reference_transcript(spec, workdir / "plain", base_model=base_model)
 
