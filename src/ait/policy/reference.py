@@ -149,8 +149,7 @@ class ReferencePolicy:
             return Message(role="assistant", content=f"I have no reference job for family {task['family']!r}.")
         self.max_steps = int(task["constraints"]["max_steps"])
         if self.slip is not None and (planted := plant_slip(self.job["env.py"], self.slip)) is not None:
-            self.job["env.py"], *fix = planted
-            self.fix = (fix[0], fix[1], fix[2], fix[3])
+            self.job["env.py"], self.fix = planted[0], planted[1:]
         allowed = task["constraints"]["allowed_base_models"]
         match = re.search(r'^base_model\s*=\s*"([^"]*)"', self.job["job.toml"], re.MULTILINE)
         if match and (self.base_model or match.group(1) not in allowed):
