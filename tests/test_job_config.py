@@ -128,14 +128,14 @@ def test_lora_section_parses(job_constraints: Constraints) -> None:
 
 
 @pytest.mark.parametrize("line,key,fragment", [
-    ("learning_rate = 0", "train.learning_rate", "greater than 0"),
+    ("learning_rate = -1e-6", "train.learning_rate", "greater than or equal to 0"),
     ("learning_rate = 1", "train.learning_rate", "less than or equal to 0.01"),
     ("learning_rate = nan", "train.learning_rate", ""),
     ("num_generations = 1", "train.num_generations", "greater than or equal to 2"),
     ("temperature = 0", "train.temperature", "greater than 0"),
     ("temperature = inf", "train.temperature", "less than or equal to 2"),
     ('loss_type = "bogus"', "train.loss_type", "'grpo'"),
-    ("max_steps = 0", "train.max_steps", "greater than or equal to 1"),
+    ("max_steps = -1", "train.max_steps", "greater than or equal to 0"),
 ])
 def test_static_bounds(line: str, key: str, fragment: str) -> None:
     # No constraints: these bounds hold for every task.
@@ -230,3 +230,11 @@ def test_load_names_the_file_in_errors(tmp_path: Path, job_constraints: Constrai
     path.write_text(with_train("foo = 1"))
     with pytest.raises(JobConfigError, match=r"^job\.toml: train\.foo: unknown key"):
         load_job_config(path, job_constraints)
+
+
+@pytest.mark.parametrize("line", ["learning_rate = 0", "max_steps = 0"])
+def test_null_job_is_a_valid_job(line: str, job_constraints: Constraints) -> None:
+    # The null job (the control of every surface measurement) is one an agent may write too.
+    cfg = parse_job_config(with_train(line), job_constraints)
+    key, value = line.split(" = ")
+    assert getattr(cfg.train, key) == 0

@@ -187,6 +187,7 @@ def _score(job: Job, job_dir: Path, outcome: RunOutcome, evaluator, req, eval_di
                          total_seconds=time.monotonic() - start, **base)
     metrics = {k: v for k, v in trained.metrics.items() if isinstance(v, float)}
     metrics.update(report.seconds)
-    return JobResult(ok=True, pre=report.pre, post=report.post, eval_n=report.n,
+    return JobResult(ok=True, pre=report.pre, post=report.post, eval_n=report.n, pre_scores=report.pre_scores,
+                     post_scores=report.post_scores,
                      weights_changed=report.weights_changed, checkpoint=str(job_dir / "checkpoint"),
                      total_seconds=time.monotonic() - start, metrics=metrics, **base)

@@ -72,6 +72,11 @@ class EvalReport(BaseModel):
     """Mean hidden-eval score of the base weights."""
     post: float | None = None
     """Mean hidden-eval score of the trained weights."""
+    pre_scores: list[float] | None = None
+    """The base weights' score on each hidden example, in the set's order (paired statistics:
+    post_scores[i] − pre_scores[i] is one example's change)."""
+    post_scores: list[float] | None = None
+    """The trained weights' score on each hidden example, in the same order."""
     n: int
     """Hidden examples scored (0 in dev-only mode)."""
     dev: float | None = None
@@ -157,7 +162,7 @@ def apply_checkpoint(model, tensors: dict) -> bool:
     return changed
 
 
-PRE_CACHE_VERSION = "pre-v1"
+PRE_CACHE_VERSION = "pre-v2"  # v2: an entry holds the per-example scores, not only their mean
 
 
 def scoring_modules(root: Path) -> list[Path]:
@@ -227,19 +232,30 @@ def pre_cache_key(req: EvalRequest, tokenizer, device: str, dtype) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
-def cached_pre(path: Path) -> float | None:
+def valid_scores(scores, n: int) -> bool:
+    """n per-example scores, each a number in [0, 1]."""
+    return isinstance(scores, list) and len(scores) == n and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0 for v in scores)
+
+
+def cached_pre(path: Path, n: int) -> list[float] | None:
+    """The remembered per-example base scores, or None (no entry, or one that is not n valid scores)."""
     try:
-        value = json.loads(path.read_text())["pre"]
+        scores = json.loads(path.read_text())["scores"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return float(value) if isinstance(value, (int, float)) and 0.0 <= value <= 1.0 else None
+    return [float(v) for v in scores] if valid_scores(scores, n) else None
 
 
-def score(model, tokenizer, spec, examples, batch_size) -> tuple[float, list[list[dict]]]:
+def mean(scores: list[float]) -> float:
+    return sum(scores) / max(len(scores), 1)
+
+
+def score(model, tokenizer, spec, examples, batch_size) -> tuple[list[float], list[list[dict]]]:
+    """Each example's score, and its conversation."""
     family = get_family(spec.family)
     convs = run_conversations(model, tokenizer, family, spec.eval_format, examples, batch_size)
-    scores = [family.score(final_response(c), ex.answer) for c, ex in zip(convs, examples)]
-    return sum(scores) / max(len(scores), 1), convs
+    return [float(family.score(final_response(c), ex.answer)) for c, ex in zip(convs, examples)], convs
 
 
 class NoCheckpoint(Exception):
@@ -279,12 +295,14 @@ def evaluate(req: EvalRequest) -> EvalReport:
     if req.run_pre and examples:
         t = time.monotonic()
         key = pre_cache_key(req, tokenizer, device, dtype)
-        report.pre = cached_pre(Path(req.pre_cache_dir) / f"{key}.json") if req.pre_cache_dir else None
-        if report.pre is None:
-            report.pre, _ = score(model, tokenizer, spec, examples, req.batch_size)
+        report.pre_scores = cached_pre(Path(req.pre_cache_dir) / f"{key}.json", len(examples)) \
+            if req.pre_cache_dir else None
+        if report.pre_scores is None:
+            report.pre_scores, _ = score(model, tokenizer, spec, examples, req.batch_size)
             report.pre_cache_key = key
         else:
             report.seconds["eval/pre_cached"] = 1.0
+        report.pre = mean(report.pre_scores)
         report.seconds["eval/pre_s"] = time.monotonic() - t
     if req.checkpoint and req.wait_for_checkpoint:
         t = time.monotonic()
@@ -301,13 +319,15 @@ def evaluate(req: EvalRequest) -> EvalReport:
             raise CheckpointError(f"the checkpoint could not be applied ({type(e).__name__})") from None
     if req.checkpoint and examples:
         t = time.monotonic()
-        report.post, convs = score(model, tokenizer, spec, examples, req.batch_size)
+        report.post_scores, convs = score(model, tokenizer, spec, examples, req.batch_size)
+        report.post = mean(report.post_scores)
         report.seconds["eval/post_s"] = time.monotonic() - t
         report.samples = convs[:3]
     if req.dev and spec.dev_examples:
         t = time.monotonic()
         dev = dev_examples(spec)
-        report.dev, _ = score(model, tokenizer, spec, dev, req.batch_size)
+        dev_scores, _ = score(model, tokenizer, spec, dev, req.batch_size)
+        report.dev = mean(dev_scores)
         report.dev_n = len(dev)
         report.seconds["eval/dev_s"] = time.monotonic() - t
     return report

@@ -47,10 +47,10 @@ class JobSection(Strict):
 
 
 class TrainConfig(Strict):
-    max_steps: int = Field(ge=1, le=10_000)
-    """GRPO optimizer steps."""
-    learning_rate: float = Field(gt=0.0, le=1e-2)
-    """Peak learning rate."""
+    max_steps: int = Field(ge=0, le=10_000)
+    """GRPO optimizer steps (0: the null job, which saves the base weights untrained)."""
+    learning_rate: float = Field(ge=0.0, le=1e-2)
+    """Peak learning rate (0: a null job that samples and scores rollouts but never moves a weight)."""
     num_generations: int = Field(ge=2, le=256, validation_alias=AliasChoices("num_generations", "group_size"))
     """Completions per prompt (the GRPO group size)."""
     prompts_per_step: int = Field(default=4, ge=1, le=1024)
@@ -206,6 +206,10 @@ class JobResult(BaseModel):
     """Hidden-eval score after training."""
     eval_n: int | None = None
     """Number of hidden examples scored."""
+    pre_scores: list[float] | None = None
+    """The base weights' score on each hidden example, in the set's order (for paired statistics)."""
+    post_scores: list[float] | None = None
+    """The trained weights' score on each hidden example, in the same order."""
     dev: float | None = None
     """Score of the trained weights on the spec's public dev examples (the only score an agent sees)."""
     gpus: float | None = None

@@ -136,7 +136,8 @@ def train(job: Job, base_model_path: str) -> TrainOutput:
     )
     load_seconds = time.monotonic() - t_load
     start = time.monotonic()
-    trainer.train()
+    if train_cfg.max_steps > 0:  # transformers reads max_steps 0 as "train by epochs": the null job trains nothing
+        trainer.train()
     train_seconds = time.monotonic() - start
 
     model = trainer.model

@@ -30,6 +30,7 @@ prime-rl's own default model name, and one its renderers know)."""
 KNOWN_HUB_IDS = {
     "smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct",
     "qwen2.5-coder-0.5b": "Qwen/Qwen2.5-Coder-0.5B-Instruct",
+    "qwen2.5-coder-1.5b": "Qwen/Qwen2.5-Coder-1.5B-Instruct",
 }
 """ait's short model names (built in, or the alias the docs use) -> the Hugging Face model they are a
 quantised copy of."""
