@@ -78,6 +78,12 @@ def clip(x: float, lo: float, hi: float) -> float:
     return max(lo, min(hi, x))
 
 
+def job_quality(post: float, best_pre: float) -> tuple[float, float]:
+    """(job_quality, uplift_term) of a job that finished with hidden score `post`."""
+    uplift = clip((post - best_pre) / max(1.0 - best_pre, EPS), -1.0, 1.0)
+    return 0.25 * post + 0.75 * uplift, uplift
+
+
 def compute_reward(*, parseable_submission: bool, valid_attempt: int | None, max_attempts: int,
                    job: JobResult | None, best_pre: float | None, time_budget_s: float,
                    weights: RewardWeights | None = None) -> RewardBreakdown:
@@ -89,8 +95,7 @@ def compute_reward(*, parseable_submission: bool, valid_attempt: int | None, max
     quality = speed = uplift = 0.0
     post = job.post if job and job.ok else None
     if job is not None and job.ok and post is not None and best_pre is not None:
-        uplift = clip((post - best_pre) / max(1.0 - best_pre, EPS), -1.0, 1.0)
-        quality = 0.25 * post + 0.75 * uplift
+        quality, uplift = job_quality(post, best_pre)
         if job.train_seconds is not None:  # no measured time, no speed credit
             speed = clip(1.0 - job.train_seconds / time_budget_s, 0.0, 1.0)
     total = w.validation * validation + w.job_quality * quality + w.train_speed * speed

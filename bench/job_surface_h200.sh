@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The job-quality surface (bench/job_surface.py) on one H200 lease, pipelined with the staging calls:
+#   setsid bench/job_surface_h200.sh > /root/results/session.log 2>&1 < /dev/null &
+# once STAGE/smol.gguf.done and STAGE/qwen.gguf.done exist (the wheels in /tmp/site). The 0.5B and 135M
+# cells start at once (K = PACK under the jobs' MPS daemon); the 1.5B cells (one at a time beside them:
+# a 1.5B job peaks near 45 GiB) start when STAGE/qwen15.gguf.done appears. No cell starts after DEADLINE
+# seconds from the start. Results: R/surface-a.json, R/surface-b.json (every finished cell, as it ends).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+R=${RESULTS:-/root/results}; mkdir -p "$R"
+STAGE=${STAGE:-/root/stage} DEADLINE=${DEADLINE:-1150} PACK=${PACK:-6}
+# The staging calls re-copy the working tree under this script's feet: run from a private copy.
+CODE=/root/code; rm -rf $CODE; mkdir -p $CODE; cp -r src bench examples configs pyproject.toml $CODE/; cd $CODE
+export AIT_HOME=${AIT_HOME:-/root/.ait} PYTHONUNBUFFERED=1 PYTHONPATH=$CODE/src:/tmp/site
+mkdir -p "$AIT_HOME"
+. bench/gpu_lib.sh  # note
+printf '[models]\n"smollm2-135m" = "%s/smol.gguf"\n"qwen2.5-coder-0.5b" = "%s/qwen.gguf"\n"qwen2.5-coder-1.5b" = "%s/qwen15.gguf"\n' \
+  "$STAGE" "$STAGE" "$STAGE" > "$AIT_HOME/models.toml"
+convert() { python3 -c "from ait.train.models import resolve_base_model as r; print(r('$1'))" > "$R/convert-$1.log" 2>&1 \
+  && note "converted $1" || note "converting $1 failed: $(tail -1 "$R/convert-$1.log")"; }
+t0=$(date +%s)
+convert smollm2-135m & convert qwen2.5-coder-0.5b & wait
+nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,power.draw --format=csv -l 10 > "$R/gpu-monitor.csv" 2>/dev/null &
+python3 bench/fingerprints.py > "$R/fingerprints.json" 2>/dev/null || true  # the hidden sets, by fingerprint
+JOBS_MPS=/tmp/ait-jobs-mps; mkdir -p $JOBS_MPS /tmp/ait-jobs-mps-log
+if CUDA_MPS_PIPE_DIRECTORY=$JOBS_MPS CUDA_MPS_LOG_DIRECTORY=/tmp/ait-jobs-mps-log nvidia-cuda-mps-control -d; then
+  export AIT_JOBS_MPS_PIPE_DIRECTORY=$JOBS_MPS; note "jobs' MPS daemon started"
+else note "no MPS daemon: packed jobs are time-sliced"; fi
+A_VARIANTS=$(python3 -c "from ait.policy.job_variants import VARIANTS; print(','.join(v for v in VARIANTS if v != 'model_qwen15'))")
+note "surface A starting ($A_VARIANTS)"
+python3 bench/job_surface.py --variants "$A_VARIANTS" --repeat reference:2 --pack "$PACK" --deadline-s "$DEADLINE" \
+  --json "$R/surface-a.json" --out /root/work-a > "$R/surface-a.log" 2>&1 && note "surface A done" || note "surface A rc=$?" &
+a=$!
+(
+  while [ ! -f "$STAGE/qwen15.gguf.done" ]; do sleep 5; done
+  convert qwen2.5-coder-1.5b
+  left=$(( DEADLINE - ($(date +%s) - t0) ))
+  note "surface B (1.5B) starting, $left s to its deadline"
+  python3 bench/job_surface.py --variants model_qwen15 --pack 1 --deadline-s "$left" --json "$R/surface-b.json" \
+    --out /root/work-b > "$R/surface-b.log" 2>&1 && note "surface B done" || note "surface B rc=$?"
+) &
+b=$!
+wait $a $b
+touch "$R/ALL_DONE"; note "all done"
