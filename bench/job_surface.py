@@ -89,7 +89,7 @@ def row(family: str, variant: Variant, seed: int, job: Job, r: JobResult, starte
            "seed": seed, "base_model": job.config.job.base_model, "ok": r.ok,
            "fail_reason": r.fail_reason.value if r.fail_reason else None,
            "error": None if r.ok else (r.error or "")[-1500:], "pre": r.pre, "post": r.post, "n": r.eval_n,
-           "weights_changed": r.weights_changed, "train_s": r.train_seconds, "total_s": r.total_seconds,
+           "weights_changed": r.weights_changed, "outputs_changed": r.outputs_changed, "train_s": r.train_seconds, "total_s": r.total_seconds,
            "started_s": started, "ended_s": ended, "reward_first": r.metrics.get("train/reward_first"),
            "reward_last": r.metrics.get("train/reward_last"), "pre_cached": bool(r.metrics.get("eval/pre_cached")),
            "pre_scores": r.pre_scores, "post_scores": r.post_scores,
@@ -122,7 +122,7 @@ def run(args, out: Path) -> list[dict]:
             save(args, rows)
             x = rows[-1]
             console.print(f"[{x['ended_s']:6.0f}s] {family:16s} {variant.name:26s} ok={x['ok']} pre={x['pre']} "
-                          f"post={x['post']} train_s={x['train_s'] and round(x['train_s'], 1)} "
+                          f"post={x['post']} outputs_changed={x['outputs_changed']} train_s={x['train_s'] and round(x['train_s'], 1)} "
                           f"{x['fail_reason'] or ''}")
 
     with ThreadPoolExecutor(max_workers=args.pack) as pool:  # executor.run blocks for a free slot
@@ -155,8 +155,8 @@ def summarize(rows: list[dict]) -> dict:
         fam = {"best_pre": bp, "best_pre_model": best_model, "pre_by_model": {m: sum(s) / len(s) for m, s in
                                                                             pres.items()}, "cells": []}
         for r in cells_:
-            c = {k: r[k] for k in ("variant", "knob", "seed", "base_model", "pre", "post", "uplift", "uplift_2se",
-                                   "train_s", "weights_changed", "changed")}
+            c = {k: r.get(k) for k in ("variant", "knob", "seed", "base_model", "pre", "post", "uplift", "uplift_2se",
+                                       "train_s", "weights_changed", "changed", "outputs_changed")}
             c["job_quality"] = job_quality(r["post"], bp)[0] if bp is not None else None
             if ref is not None and r is not ref:
                 d = paired(ref["post_scores"], r["post_scores"])

@@ -37,17 +37,22 @@ def test_the_cache_is_what_is_reported_and_a_broken_entry_is_rescored(tmp_path: 
     before = set(cache.glob("*.json"))
     first = run(tmp_path, n=13)
     (path,) = set(cache.glob("*.json")) - before
-    path.write_text(json.dumps({"pre": 0.75, "scores": [1.0] * 9 + [0.0] * 3 + [0.75]}))
-    read = run(tmp_path, n=13)  # read back, not recomputed: the per-example scores and their mean
+    digests = ["0123456789abcdef"] * 13
+    path.write_text(json.dumps({"pre": 0.75, "scores": [1.0] * 9 + [0.0] * 3 + [0.75], "digests": digests}))
+    read = run(tmp_path, n=13)  # read back, not recomputed: the per-example scores, digests and their mean
     assert read.pre_scores == [1.0] * 9 + [0.0] * 3 + [0.75] and read.pre == pytest.approx(9.75 / 13)
+    assert read.pre_digests == digests
     path.write_text(json.dumps({"pre": 0.75}))  # a mean without its per-example scores: rescored
     assert run(tmp_path, n=13).pre == first.pre
-    path.write_text(json.dumps({"pre": 0.5, "scores": [0.5] * 12}))  # scores of another set's size
+    path.write_text(json.dumps({"pre": 0.5, "scores": [0.5] * 12, "digests": digests[:12]}))  # another set's size
     assert run(tmp_path, n=13).pre_scores == first.pre_scores
+    path.write_text(json.dumps({"pre": 0.5, "scores": [0.5] * 13, "digests": ["../x"] * 13}))  # not digests
+    assert run(tmp_path, n=13).pre_digests == first.pre_digests
     path.write_text("{not json")
     again = run(tmp_path, n=13)
     assert again.pre == first.pre and "eval/pre_cached" not in again.seconds
-    assert json.loads(path.read_text()) == {"pre": first.pre, "scores": first.pre_scores}
+    assert json.loads(path.read_text()) == {"pre": first.pre, "scores": first.pre_scores,
+                                            "digests": first.pre_digests}
     assert len(first.pre_scores) == 13 and first.pre == pytest.approx(sum(first.pre_scores) / 13)
 
 
@@ -57,12 +62,15 @@ def test_the_cache_file_is_named_by_the_trusted_side_only(tmp_path: Path) -> Non
     from ait.evals.runner import remember_pre
 
     before = set(pre_cache_dir().iterdir())
-    remember_pre(pre_cache_dir(), "../../hidden_secret", [0.5])
-    remember_pre(pre_cache_dir(), "a" * 32, [1.5])
-    remember_pre(pre_cache_dir(), "a" * 32, [float("nan")])
+    d = "0123456789abcdef"
+    remember_pre(pre_cache_dir(), "../../hidden_secret", [0.5], [d])
+    remember_pre(pre_cache_dir(), "a" * 32, [1.5], [d])
+    remember_pre(pre_cache_dir(), "a" * 32, [float("nan")], [d])
+    remember_pre(pre_cache_dir(), "a" * 32, [0.5], ["../../etc/passwd"])
     assert set(pre_cache_dir().iterdir()) == before
-    remember_pre(pre_cache_dir(), "a" * 32, [0.5, 1.0])
-    assert (pre_cache_dir() / ("a" * 32 + ".json")).read_text() == '{"pre": 0.75, "scores": [0.5, 1.0]}'
+    remember_pre(pre_cache_dir(), "a" * 32, [0.5, 1.0], [d, d])
+    assert json.loads((pre_cache_dir() / ("a" * 32 + ".json")).read_text()) == \
+        {"pre": 0.75, "scores": [0.5, 1.0], "digests": [d, d]}
 
 
 def test_a_change_to_the_scoring_code_is_a_new_cache_key(tmp_path: Path, monkeypatch) -> None:

@@ -152,6 +152,12 @@ def run_job(job: Job, extra_env: dict[str, str] | None = None) -> JobResult:
         processes.forget(job.job_id)
 
 
+def outputs_changed(report) -> int | None:
+    if report.pre_digests is None or report.post_digests is None:
+        return None
+    return sum(a != b for a, b in zip(report.pre_digests, report.post_digests))
+
+
 def _score(job: Job, job_dir: Path, outcome: RunOutcome, evaluator, req, eval_dir: Path, start: float,
            base: dict) -> JobResult:
     # The worker's clock, not the job's own report, is what the speed term uses.
@@ -188,6 +194,6 @@ def _score(job: Job, job_dir: Path, outcome: RunOutcome, evaluator, req, eval_di
     metrics = {k: v for k, v in trained.metrics.items() if isinstance(v, float)}
     metrics.update(report.seconds)
     return JobResult(ok=True, pre=report.pre, post=report.post, eval_n=report.n, pre_scores=report.pre_scores,
-                     post_scores=report.post_scores,
+                     post_scores=report.post_scores, outputs_changed=outputs_changed(report),
                      weights_changed=report.weights_changed, checkpoint=str(job_dir / "checkpoint"),
                      total_seconds=time.monotonic() - start, metrics=metrics, **base)

@@ -77,6 +77,12 @@ class EvalReport(BaseModel):
     post_scores[i] − pre_scores[i] is one example's change)."""
     post_scores: list[float] | None = None
     """The trained weights' score on each hidden example, in the same order."""
+    pre_digests: list[str] | None = None
+    """A short hash of each base-weight conversation (what the model said and the tools answered): two
+    models that behave identically on an example have equal digests (the null job's check), and a
+    digest reveals nothing of the example."""
+    post_digests: list[str] | None = None
+    """The same for the trained weights."""
     n: int
     """Hidden examples scored (0 in dev-only mode)."""
     dev: float | None = None
@@ -238,13 +244,29 @@ def valid_scores(scores, n: int) -> bool:
         isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0 for v in scores)
 
 
-def cached_pre(path: Path, n: int) -> list[float] | None:
-    """The remembered per-example base scores, or None (no entry, or one that is not n valid scores)."""
+def valid_digests(digests, n: int) -> bool:
+    return isinstance(digests, list) and len(digests) == n and all(
+        isinstance(d, str) and len(d) == DIGEST_CHARS and all(c in "0123456789abcdef" for c in d) for d in digests)
+
+
+def cached_pre(path: Path, n: int) -> tuple[list[float], list[str]] | None:
+    """The remembered per-example base scores and conversation digests, or None (no entry, or one
+    that is not n of each)."""
     try:
-        scores = json.loads(path.read_text())["scores"]
+        entry = json.loads(path.read_text())
+        scores, digests = entry["scores"], entry["digests"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return [float(v) for v in scores] if valid_scores(scores, n) else None
+    if not (valid_scores(scores, n) and valid_digests(digests, n)):
+        return None
+    return [float(v) for v in scores], digests
+
+
+DIGEST_CHARS = 16
+
+
+def conversation_digest(conv: list[dict]) -> str:
+    return hashlib.sha256(json.dumps(conv, sort_keys=True, default=str).encode()).hexdigest()[:DIGEST_CHARS]
 
 
 def mean(scores: list[float]) -> float:
@@ -252,7 +274,7 @@ def mean(scores: list[float]) -> float:
 
 
 def score(model, tokenizer, spec, examples, batch_size) -> tuple[list[float], list[list[dict]]]:
-    """Each example's score, and its conversation."""
+    """Each example's score, and its conversation (its system and user turns are the example's)."""
     family = get_family(spec.family)
     convs = run_conversations(model, tokenizer, family, spec.eval_format, examples, batch_size)
     return [float(family.score(final_response(c), ex.answer)) for c, ex in zip(convs, examples)], convs
@@ -295,12 +317,13 @@ def evaluate(req: EvalRequest) -> EvalReport:
     if req.run_pre and examples:
         t = time.monotonic()
         key = pre_cache_key(req, tokenizer, device, dtype)
-        report.pre_scores = cached_pre(Path(req.pre_cache_dir) / f"{key}.json", len(examples)) \
-            if req.pre_cache_dir else None
-        if report.pre_scores is None:
-            report.pre_scores, _ = score(model, tokenizer, spec, examples, req.batch_size)
+        cached = cached_pre(Path(req.pre_cache_dir) / f"{key}.json", len(examples)) if req.pre_cache_dir else None
+        if cached is None:
+            report.pre_scores, convs = score(model, tokenizer, spec, examples, req.batch_size)
+            report.pre_digests = [conversation_digest(c) for c in convs]
             report.pre_cache_key = key
         else:
+            report.pre_scores, report.pre_digests = cached
             report.seconds["eval/pre_cached"] = 1.0
         report.pre = mean(report.pre_scores)
         report.seconds["eval/pre_s"] = time.monotonic() - t
@@ -321,6 +344,7 @@ def evaluate(req: EvalRequest) -> EvalReport:
         t = time.monotonic()
         report.post_scores, convs = score(model, tokenizer, spec, examples, req.batch_size)
         report.post = mean(report.post_scores)
+        report.post_digests = [conversation_digest(c) for c in convs]
         report.seconds["eval/post_s"] = time.monotonic() - t
         report.samples = convs[:3]
     if req.dev and spec.dev_examples:

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from ait.evals.hidden import eval_fingerprint, hidden_examples
-from ait.evals.hidden_eval import EvalReport, EvalRequest, valid_scores
+from ait.evals.hidden_eval import EvalReport, EvalRequest, valid_digests, valid_scores
 from ait.home import ait_home
 from ait.safe_io import UnsafeFile, read_json_model, write_new_file
 from ait.sandbox import Limits, SandboxPolicy, StartedProcess, gpu_settings, start_untrusted
@@ -123,20 +123,26 @@ def read_report(req: EvalRequest) -> EvalReport:
         scores = getattr(report, f"{name}_scores")
         if scores is not None and not valid_scores(scores, len(req.examples)):
             raise EvalFailed(f"the eval's report holds {name}_scores that are not {len(req.examples)} scores in [0, 1]")
-    if report.pre_scores is not None and report.pre_cache_key and req.pre_cache_dir:
-        remember_pre(Path(req.pre_cache_dir), report.pre_cache_key, report.pre_scores)
+        digests = getattr(report, f"{name}_digests")
+        if digests is not None and not valid_digests(digests, len(req.examples)):
+            raise EvalFailed(f"the eval's report holds {name}_digests that are not {len(req.examples)} digests")
+    if report.pre_scores is not None and report.pre_digests is not None and report.pre_cache_key \
+            and req.pre_cache_dir:
+        remember_pre(Path(req.pre_cache_dir), report.pre_cache_key, report.pre_scores, report.pre_digests)
     return report
 
 
-def remember_pre(cache_dir: Path, key: str, scores: list[float]) -> None:
-    """Remember the base weights' per-example scores under `key` (the eval computed it; checked here)."""
-    if not (len(key) == 32 and all(c in "0123456789abcdef" for c in key)) or not valid_scores(scores, len(scores)):
+def remember_pre(cache_dir: Path, key: str, scores: list[float], digests: list[str]) -> None:
+    """Remember the base weights' per-example scores and conversation digests under `key` (the eval
+    computed them; checked here)."""
+    if not (len(key) == 32 and all(c in "0123456789abcdef" for c in key)) or not valid_scores(scores, len(scores)) \
+            or not valid_digests(digests, len(scores)):
         return  # not a key this code makes (never a path the eval chose), or not scores
     import json
 
     fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".pre-")
     with os.fdopen(fd, "w") as f:
-        json.dump({"pre": sum(scores) / max(len(scores), 1), "scores": scores}, f)
+        json.dump({"pre": sum(scores) / max(len(scores), 1), "scores": scores, "digests": digests}, f)
     os.replace(tmp, cache_dir / f"{key}.json")  # atomic: concurrent evals of the same base write the same value
 
 
@@ -153,8 +159,9 @@ def evaluate_here(req: EvalRequest) -> EvalReport:
     from ait.evals.hidden_eval import evaluate
 
     report = evaluate(req)
-    if report.pre_scores is not None and report.pre_cache_key and req.pre_cache_dir:
-        remember_pre(Path(req.pre_cache_dir), report.pre_cache_key, report.pre_scores)
+    if report.pre_scores is not None and report.pre_digests is not None and report.pre_cache_key \
+            and req.pre_cache_dir:
+        remember_pre(Path(req.pre_cache_dir), report.pre_cache_key, report.pre_scores, report.pre_digests)
     return report
 
 

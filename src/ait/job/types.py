@@ -210,6 +210,9 @@ class JobResult(BaseModel):
     """The base weights' score on each hidden example, in the set's order (for paired statistics)."""
     post_scores: list[float] | None = None
     """The trained weights' score on each hidden example, in the same order."""
+    outputs_changed: int | None = None
+    """Hidden examples on which the trained model's conversation differs from the base model's
+    (0 for a null job: identical weights decode identically)."""
     dev: float | None = None
     """Score of the trained weights on the spec's public dev examples (the only score an agent sees)."""
     gpus: float | None = None
