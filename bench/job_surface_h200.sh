@@ -8,7 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 R=${RESULTS:-/root/results}; mkdir -p "$R"
-STAGE=${STAGE:-/root/stage} DEADLINE=${DEADLINE:-1050} PACK=${PACK:-6}
+STAGE=${STAGE:-/root/stage} DEADLINE=${DEADLINE:-950} PACK=${PACK:-6}
 # The staging calls re-copy the working tree under this script's feet: run from a private copy.
 CODE=/root/code; rm -rf $CODE; mkdir -p $CODE; cp -r src bench examples configs pyproject.toml $CODE/; cd $CODE
 export AIT_HOME=${AIT_HOME:-/root/.ait} PYTHONUNBUFFERED=1 PYTHONPATH=$CODE/src:/tmp/site

@@ -52,6 +52,6 @@ def test_a_null_job_scores_its_pre_example_by_example(tmp_path: Path, line: str)
 
 def test_a_job_that_trains_changes_the_outputs_it_is_scored_on(tmp_path: Path) -> None:
     """The check above can fail: the tiny model's greedy conversations change once its weights do."""
-    r = run_job(job(tmp_path, "learning_rate = 0.001"))
+    r = run_job(job(tmp_path, "learning_rate = 0.01"))  # at 1e-3 for 4 steps its argmax holds
     assert r.ok, r.error
     assert r.weights_changed is True and r.outputs_changed > 0
