@@ -80,6 +80,8 @@ class SampledGroup:
     """The episodes trained on (their trajectories are the group's)."""
     infra: list[Episode] = field(default_factory=list)
     """Episodes that ended as infra_error: paid for, recorded, left out of the group."""
+    slot: int | None = None
+    """Its place in the run's task order (ait.outer.tasks.round_robin_task); None outside the sampler."""
 
     @property
     def usd(self) -> float:
