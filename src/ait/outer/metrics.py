@@ -60,8 +60,9 @@ FAMILY_KEYS: dict[str, str] = {
     "episodes": "training episodes of the family in the step",
     "valid_rate": "fraction of them that submitted a valid job",
     "job_quality_mean": "mean of their reward's job-quality term",
-    "job_quality_std": "population standard deviation of that term over them (0 for one episode): how much "
-                       "the family's episodes differ, the spread its group advantages are made of",
+    "job_quality_std": "population standard deviation (divided by n, as reward_std) of that term over them, 0 "
+                       "for one episode: with round robin the family has one group a step, so this is the "
+                       "within-group spread its advantages are made of",
     "configs": "[{base_model, learning_rate, max_steps, count}] over the jobs they ran (every job of an episode "
                "with max_jobs > 1), most used first",
     "distinct_configs": "distinct (base_model, learning_rate, max_steps) triples among those jobs",
