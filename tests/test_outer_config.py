@@ -41,6 +41,7 @@ def train(tmp_path: Path, text: str):
     ("num_generations = 1\n", "num_generations: Input should be greater than or equal to 2"),
     ("[trainer]\nlearning_rate = 0.5\n", "trainer.learning_rate: Input should be less than or equal to 0.01"),
     ("[trainer]\nbackend = \"cloud\"\n", "trainer.backend: Input should be 'local' or 'tinker'"),
+    ("task_sampling = \"random\"\n", "task_sampling: Input should be 'round_robin' or 'uniform'"),
     ("[episode]\ntimeout_s = 5\n", "set episode_timeout_s at the top level"),
     ("[episode]\nmax_turns = 0\n", "episode.max_turns"),
     ("tasks = [\n", "not valid TOML"),

@@ -10,7 +10,7 @@ import pytest
 from ait.harness.types import EpisodeResult, JobRecord, StopReason, Submission
 from ait.job.types import JobConfig, JobResult
 from ait.metering import CostSummary, JobCost
-from ait.outer.metrics import KEYS, Episode, SampledGroup, step_metrics
+from ait.outer.metrics import FAMILY_KEYS, KEYS, Episode, SampledGroup, step_metrics
 from ait.outer.types import StepStats, Trajectory, TrajectoryGroup, Turn
 from ait.probe.types import ProbeReport
 from ait.reward import RewardBreakdown
@@ -20,7 +20,8 @@ TEMPLATE = {"job": {"base_model": "tiny"},
 
 
 def episode(reward: float, *, job_toml: dict | None = None, post: float | None = None, best_pre: float | None = None,
-            model: str = "tiny", timed_out: bool = False, usd: float = 0.0) -> Episode:
+            model: str = "tiny", timed_out: bool = False, usd: float = 0.0, family: str = "calc_chain",
+            job_quality: float | None = None) -> Episode:
     submissions, jobs, job = [], [], None
     if job_toml is not None:
         config = JobConfig.model_validate(job_toml)
@@ -28,7 +29,8 @@ def episode(reward: float, *, job_toml: dict | None = None, post: float | None =
         job = JobResult(job_id="j", ok=post is not None, base_model=model, post=post, pre=best_pre)
         jobs = [JobRecord(attempt=1, job_id="j", result=job,
                           cost=JobCost(gpus=0, wall_s=1, gpu_seconds=0, cpu_seconds=1, usd=usd))]
-    r = RewardBreakdown(total=reward, validation=1.0 if job_toml else 0.0, job_quality=0.5 if post else 0.0,
+    quality = job_quality if job_quality is not None else 0.5 if post else 0.0
+    r = RewardBreakdown(total=reward, validation=1.0 if job_toml else 0.0, job_quality=quality,
                         train_speed=0.2 if post else 0.0, post=post, best_pre=best_pre,
                         valid_attempt=1 if job_toml else None, max_attempts=3, parseable_submission=reward > -0.1)
     result = EpisodeResult(run_id="e", run_dir="/x", task_id="t", policy="p",
@@ -36,7 +38,7 @@ def episode(reward: float, *, job_toml: dict | None = None, post: float | None =
                            submissions=submissions, job=job, jobs=jobs, reward=r, wall_seconds=1.0,
                            cost=CostSummary(job_usd=usd, jobs=len(jobs)))
     turn = Turn(prompt_ids=[1, 2], completion_ids=[3, 4, 5], logprobs=[-1.0, -1.0, -1.0])
-    trajectory = Trajectory(episode_id="e", task_id="t", family="calc_chain", turns=[turn], reward=reward,
+    trajectory = Trajectory(episode_id="e", task_id="t", family=family, turns=[turn], reward=reward,
                             policy_version=0, timed_out=timed_out)
     return Episode(trajectory=trajectory, result=result)
 
@@ -81,6 +83,41 @@ def test_a_step_without_jobs_has_empty_shares_and_null_means() -> None:
     assert row["base_model_share"] == {} and row["hparam_use"] == {} and row["learning_rate_share"] == {}
     assert row["post_mean"] is None and row["uplift_mean"] is None and row["reward_std"] == 0.0
     assert "heldout_reward" not in row
+    assert row["families"] == {"calc_chain": {"episodes": 2, "valid_rate": 0.0, "job_quality_mean": 0.0,
+                                              "job_quality_std": 0.0, "configs": [], "distinct_configs": 0}}
+
+
+def with_lr(lr: float, model: str = "tiny", max_steps: int = 1) -> dict:
+    return {"job": {"base_model": model}, "train": {**TEMPLATE["train"], "learning_rate": lr, "max_steps": max_steps}}
+
+
+def test_per_family_figures() -> None:
+    """Two families over three groups: each family's valid rate, job-quality mean and (population) std, and
+    the (base model, learning rate, max steps) triples its jobs chose, counted."""
+    ledger = [episode(0.6, job_toml=with_lr(1e-5), post=0.5, family="ledger", job_quality=0.2),
+              episode(0.9, job_toml=with_lr(1e-5), post=0.7, family="ledger", job_quality=0.6),
+              episode(0.5, job_toml=with_lr(3e-6, "Qwen/Qwen3-0.6B", 50), post=0.4, family="ledger",
+                      job_quality=0.4),
+              episode(-0.1, family="ledger")]  # no valid job: counts for the valid rate, chose nothing
+    dispatch = [episode(0.7, job_toml=with_lr(1e-5), post=0.3, family="dispatch", job_quality=0.3),
+                episode(0.7, job_toml=with_lr(1e-5), post=0.3, family="dispatch", job_quality=0.3)]
+    groups = [group(*ledger[:2]), group(*dispatch), group(*ledger[2:])]
+    row = step_metrics(1, groups, StepStats(step=1, loss=0.0, tokens=0, datums=6, seconds=0.0), version=1,
+                       seconds=1.0, staleness=[0, 0, 0], resampled=0, usd=0.0, usd_total=0.0)
+    fams = row["families"]
+    assert list(fams) == ["dispatch", "ledger"] and set(fams["ledger"]) == set(FAMILY_KEYS)
+    led, dis = fams["ledger"], fams["dispatch"]
+    assert led["episodes"] == 4 and led["valid_rate"] == 0.75
+    assert led["job_quality_mean"] == pytest.approx(0.3)
+    # population std of (0.2, 0.6, 0.4, 0.0): sqrt(0.05); the sample std would be sqrt(0.2 / 3)
+    assert led["job_quality_std"] == pytest.approx(0.05 ** 0.5)
+    assert led["distinct_configs"] == 2
+    assert led["configs"] == [{"base_model": "tiny", "learning_rate": 1e-5, "max_steps": 1, "count": 2},
+                              {"base_model": "Qwen/Qwen3-0.6B", "learning_rate": 3e-6, "max_steps": 50, "count": 1}]
+    assert dis == {"episodes": 2, "valid_rate": 1.0, "job_quality_mean": pytest.approx(0.3), "job_quality_std": 0.0,
+                   "configs": [{"base_model": "tiny", "learning_rate": 1e-5, "max_steps": 1, "count": 2}],
+                   "distinct_configs": 1}
+    assert row["valid_rate"] == pytest.approx(5 / 6)  # the step's own keys are unchanged
 
 
 def test_template_is_what_the_defaults_read() -> None:

@@ -296,6 +296,81 @@ def test_cli_errors_are_one_line_without_a_traceback(run_dir, tmp_path) -> None:
     assert sorted(run_dir.rglob("*")) == before
 
 
+def family_run(tmp_path, steps: int = 2):
+    """A run whose rows carry `families` (ait.outer.metrics.family_figures), two families a step."""
+    out = []
+    for step in range(1, steps + 1):
+        families = {
+            "ledger": {"episodes": 4, "valid_rate": 0.75, "job_quality_mean": 0.3, "job_quality_std": 0.2236,
+                       "configs": [{"base_model": "tiny", "learning_rate": 1e-05, "max_steps": 1, "count": 2},
+                                   {"base_model": "Qwen/Qwen3-0.6B", "learning_rate": 3e-06, "max_steps": 50,
+                                    "count": 1}],
+                       "distinct_configs": 2},
+            "dispatch" if step % 2 else "multi_hop": {"episodes": 2, "valid_rate": 0.0, "job_quality_mean": 0.0,
+                                                      "job_quality_std": float("nan"), "configs": [],
+                                                      "distinct_configs": 0},
+        }
+        out.append({"step": step, "reward_mean": 0.1 * step, "usd": 0.5, "families": families})
+    write(tmp_path / "fam-run", [json.dumps(r) for r in out])  # json writes NaN: read as missing
+    return tmp_path / "fam-run"
+
+
+def test_per_family_rows_and_html_section(tmp_path) -> None:
+    from ait.report.html import render_html
+    from ait.report.metrics import family_rows
+
+    loaded = load_metrics(family_run(tmp_path) / "metrics.jsonl")
+    fam = family_rows(loaded)
+    assert [(r["step"], r["family"]) for r in fam] == [(1, "dispatch"), (1, "ledger"), (2, "ledger"), (2, "multi_hop")]
+    assert fam[1]["valid_rate"] == 0.75 and fam[1]["distinct_configs"] == 2 and fam[0]["job_quality_std"] is None
+    summary = summarize(loaded)
+    assert summary["family_rows"] == fam
+    html = render_html(tmp_path / "fam-run", loaded, summary, [], [])
+    section = html[html.index("<h2>Per family</h2>"):html.index("<h2>Per step</h2>")]
+    assert section.count("<tr>") == 1 + 4  # the header and one row per (step, family)
+    assert "<td>ledger</td><td>4</td><td>0.750</td><td>0.300</td><td>0.224</td><td>2</td>" in section
+    assert "tiny lr 1e-05 1 steps ×2; Qwen/Qwen3-0.6B lr 3e-06 50 steps ×1" in section
+    # A run from before `families` has no such section, and no rows.
+    old = load_metrics(tmp_path / "fam-run" / "metrics.jsonl")
+    for row in old:
+        del row["families"]
+    assert summarize(old)["family_rows"] == []
+    assert "Per family" not in render_html(tmp_path / "fam-run", old, summarize(old), [], [])
+    write(tmp_path / "bad", [json.dumps({"step": 1, "families": {"ledger": {"valid_rate": "high"}}})])
+    with pytest.raises(MetricsError, match="families.ledger.valid_rate should be a number"):
+        load_metrics(tmp_path / "bad" / "metrics.jsonl")
+    write(tmp_path / "bad2", [json.dumps({"step": 1, "families": {"ledger": {"configs": "tiny"}}})])
+    with pytest.raises(MetricsError, match="families.ledger.configs should be a list"):
+        load_metrics(tmp_path / "bad2" / "metrics.jsonl")
+
+
+@needs_matplotlib
+def test_cli_shows_the_per_family_table(tmp_path, monkeypatch) -> None:
+    run = family_run(tmp_path, steps=12)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")
+    result = CliRunner().invoke(app, ["report", str(run), "--json"])
+    assert result.exit_code == 0, result.output
+    rows_ = json.loads(result.stdout)["family_rows"]
+    assert len(rows_) == 24 and rows_[0] == {"step": 1, "family": "dispatch", "episodes": 2, "valid_rate": 0.0,
+                                             "job_quality_mean": 0.0, "job_quality_std": None, "configs": [],
+                                             "distinct_configs": 0}
+    from ait.cli import report as report_cli
+    from ait.cli.common import console
+
+    with console.capture() as captured:
+        console.width = 200
+        console.print(report_cli.family_table(rows_))
+    text = captured.get()
+    assert "per family (last 10 of 12 steps)" in text
+    lines = [line for line in text.splitlines() if "ledger" in line]
+    assert len(lines) == 10 and all("0.750" in line and "tiny lr 1e-05 1 steps ×2" in line for line in lines)
+    assert not any(line.split("│")[1].strip() in ("1", "2") for line in lines)  # steps 1-2 left to the HTML
+    result = CliRunner().invoke(app, ["report", str(run), "--out", str(tmp_path / "r.html")])
+    assert result.exit_code == 0 and "per family" in result.stdout and "multi_hop" in result.stdout
+    assert "Per family" in (tmp_path / "r.html").read_text()
+
+
 def test_cli_help_explains_where_it_writes(tmp_path) -> None:
     proc = ait_report("--help", cwd=tmp_path)
     text = " ".join(proc.stdout.replace("│", " ").split())

@@ -5,7 +5,7 @@ temperature, max_grad_norm, lora_r, lora_alpha, ...). Every key has a type and a
 an unknown key is an error. The resolved config is written to the run's manifest.json
 and its digest into every checkpoint's state.json.
 
-    tasks ─ sampled (never held-out families) ─ groups_per_step × num_generations episodes
+    tasks ─ families round robin (never held-out ones) ─ groups_per_step × num_generations episodes
     [policy]   the agent and how it samples          [trainer]  how its weights are updated
     [episode]  each episode's harness config (ait.harness.types.EpisodeConfig)
 """
@@ -112,6 +112,11 @@ class OuterConfig(Strict):
     else in bf16, else compactly (ait.outer.state_codec); bundle.json records the encoding."""
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     """Task sampling and per-episode sampling seeds."""
+    task_sampling: Literal["round_robin", "uniform"] = "round_robin"
+    """round_robin: the training families in one order shuffled by `seed`, cycled group by group (a
+    family's task files in turn), so every family is trained on equally often and one step's groups
+    have distinct families (while groups_per_step <= families); a resumed run goes on where the step
+    count says (ait.outer.tasks.round_robin_task). uniform: each group's task drawn with replacement."""
     jobs_per_gpu: int = Field(default=1, ge=1, le=64)
     """With [episode] executor = "local": inner jobs packed on each GPU at once (the agent may share it)."""
     agent_gpu_gib: float = Field(default=0.0, ge=0.0, le=4096.0)

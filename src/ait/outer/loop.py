@@ -187,7 +187,8 @@ def open_run(config: OuterConfig, run_dir: str | Path | None, resume: bool, say:
                            episode_config=episodes_cfg, runs_dir=run_dir / "episodes",
                            group_size=config.num_generations, groups_per_step=config.groups_per_step,
                            max_off_policy=config.max_steps_off_policy, concurrency=config.concurrency,
-                           seed=config.seed, groups_launched=state.groups_launched)
+                           seed=config.seed, groups_launched=state.groups_launched,
+                           task_sampling=config.task_sampling, first_slot=state.step * config.groups_per_step)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     return Run(dir=run_dir, config=config, backend=backend, sampler=sampler, metrics=metrics, state=state,
                episode_config=episodes_cfg, heldout_paths=heldout_paths, lineage=manifest.get("lineage", []))

@@ -3,6 +3,8 @@
 Every row has every key of `KEYS`; a mean over nothing (no job finished this step) is null,
 a share over nothing is {}. Held-out keys appear only on held-out steps. The backend's own
 figures (grad norm, drift between sampler and learner, ...) follow as `trainer/<name>`.
+`families` nests one object per family trained on in the step (`FAMILY_KEYS`): the row stays one
+line, and a family's figures stay together for the report's per-family table.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import math
 import time
 import tomllib
+from collections import Counter
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -51,6 +54,18 @@ KEYS: dict[str, str] = {
     "loss": "the step's importance-sampling loss (sum over tokens / tokens; 0 when skipped)",
     "usd": "USD (LLM + jobs) of every episode consumed this step: trained, dropped as stale, held out",
     "usd_total": "USD of the run so far",
+    "families": "{family: {FAMILY_KEYS}} for each family among this step's training episodes",
+}
+FAMILY_KEYS: dict[str, str] = {
+    "episodes": "training episodes of the family in the step",
+    "valid_rate": "fraction of them that submitted a valid job",
+    "job_quality_mean": "mean of their reward's job-quality term",
+    "job_quality_std": "population standard deviation (divided by n, as reward_std) of that term over them, 0 "
+                       "for one episode: with round robin the family has one group a step, so this is the "
+                       "within-group spread its advantages are made of",
+    "configs": "[{base_model, learning_rate, max_steps, count}] over the jobs they ran (every job of an episode "
+               "with max_jobs > 1), most used first",
+    "distinct_configs": "distinct (base_model, learning_rate, max_steps) triples among those jobs",
 }
 HELDOUT_KEYS: dict[str, str] = {
     "heldout_reward": "mean reward of the held-out (triage) episodes, policy after this step's update",
@@ -80,6 +95,8 @@ class SampledGroup:
     """The episodes trained on (their trajectories are the group's)."""
     infra: list[Episode] = field(default_factory=list)
     """Episodes that ended as infra_error: paid for, recorded, left out of the group."""
+    slot: int | None = None
+    """Its place in the run's task order (ait.outer.tasks.round_robin_task); None outside the sampler."""
 
     @property
     def usd(self) -> float:
@@ -126,6 +143,35 @@ def mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def pstd(xs: list[float]) -> float:
+    """Population standard deviation (0 for fewer than two values), as reward_std."""
+    mu = mean(xs) or 0.0
+    return math.sqrt(sum((x - mu) ** 2 for x in xs) / len(xs)) if xs else 0.0
+
+
+def family_figures(episodes: list[Episode]) -> dict[str, dict[str, Any]]:
+    """`FAMILY_KEYS` for each family among `episodes` (by the trajectory's family), families sorted."""
+    by_family: dict[str, list[EpisodeResult]] = {}
+    for e in episodes:
+        by_family.setdefault(e.trajectory.family, []).append(e.result)
+    out = {}
+    for family in sorted(by_family):
+        results = by_family[family]
+        quality = [r.reward.job_quality for r in results]
+        triples = Counter((c.job.base_model, c.train.learning_rate, c.train.max_steps)
+                          for r in results for c in jobs_configs(r))
+        out[family] = {
+            "episodes": len(results),
+            "valid_rate": sum(r.reward.valid_attempt is not None for r in results) / len(results),
+            "job_quality_mean": mean(quality),
+            "job_quality_std": pstd(quality),
+            "configs": [{"base_model": m, "learning_rate": lr, "max_steps": n, "count": k}
+                        for (m, lr, n), k in sorted(triples.items(), key=lambda t: (-t[1], t[0]))],
+            "distinct_configs": len(triples),
+        }
+    return out
+
+
 def step_metrics(step: int, groups: list[SampledGroup], stats: StepStats, *, version: int, seconds: float,
                  staleness: list[int], resampled: int, usd: float, usd_total: float,
                  heldout: list[Episode] | None = None, infra_errors: int = 0,
@@ -144,7 +190,7 @@ def step_metrics(step: int, groups: list[SampledGroup], stats: StepStats, *, ver
         "step": step, "time": time.time(), "seconds": seconds, "policy_version": version,
         "episodes": len(episodes),
         "reward_mean": mu,
-        "reward_std": math.sqrt(sum((r - mu) ** 2 for r in rewards) / len(rewards)) if rewards else 0.0,
+        "reward_std": pstd(rewards),
         "validation": mean([r.reward.validation for r in results]),
         "job_quality": mean([r.reward.job_quality for r in results]),
         "speed": mean([r.reward.train_speed for r in results]),
@@ -167,6 +213,7 @@ def step_metrics(step: int, groups: list[SampledGroup], stats: StepStats, *, ver
         "loss": stats.loss,
         "usd": usd,
         "usd_total": usd_total,
+        "families": family_figures(episodes),
     }
     if heldout is not None:
         from ait.agent_eval.stats import stat

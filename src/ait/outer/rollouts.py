@@ -8,6 +8,13 @@
     GroupSampler.take   the next finished groups for a step; one sampled more than k versions
                         ago (it was overtaken by faster groups) is dropped, counted, and replaced
 
+Each group has a slot, its place in the run's task order (ait.outer.tasks): round robin over the
+training families, slot s being step s // groups_per_step's group s % groups_per_step. A group dropped
+as too stale hands its slot to its replacement, so a family whose episodes are slow is not crowded
+out by faster ones; one dropped for infra errors does not (a family whose eval keeps failing would
+otherwise be re-sampled forever), and its replacement takes the next slot. A resumed run starts at
+slot step · groups_per_step: groups in flight when the checkpoint was written are not in it.
+
 An episode records the policy version it started with; a group's version is its oldest
 member's. Episodes run the real harness (run_episode: probe, inner job, reward) with a
 wall-clock limit, so one slow episode holds its group up by at most episode_timeout_s and is
@@ -19,19 +26,20 @@ than two members carries no signal and is sampled again.
 
 from __future__ import annotations
 
+import heapq
 import queue
 import random
 import secrets
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ait.harness.episode import run_episode
 from ait.harness.types import EpisodeConfig, Message, PolicyStop, StopReason
 from ait.outer.backends import episode_policy
 from ait.outer.metrics import Episode, SampledGroup, infra_error, timed_out, trajectory_components
-from ait.outer.tasks import sample_training_tasks
+from ait.outer.tasks import family_cycle, round_robin_task, sample_training_tasks
 from ait.outer.types import Trajectory, TrajectoryGroup, Turn
 from ait.spec import TaskSpec
 
@@ -76,7 +84,8 @@ def play(backend: Any, spec: TaskSpec, task_path: Path, config: EpisodeConfig, r
 class GroupSampler:
     def __init__(self, *, backend: Any, task_paths: list[Path], rng: random.Random, episode_config: EpisodeConfig,
                  runs_dir: Path, group_size: int, groups_per_step: int, max_off_policy: int, concurrency: int,
-                 seed: int, groups_launched: int = 0):
+                 seed: int, groups_launched: int = 0, task_sampling: Literal["round_robin", "uniform"] = "round_robin",
+                 first_slot: int = 0):
         self.backend, self.task_paths, self.rng = backend, task_paths, rng
         self.episode_config, self.runs_dir = episode_config, runs_dir
         self.group_size, self.groups_per_step, self.max_off_policy = group_size, groups_per_step, max_off_policy
@@ -85,6 +94,11 @@ class GroupSampler:
         """Groups started over the run (resumes from the checkpoint): numbers groups and seeds."""
         self.outstanding = 0
         """Groups started and not yet taken or dropped."""
+        self.cycle = family_cycle(task_paths, seed) if task_sampling == "round_robin" else None
+        self.next_slot = first_slot
+        """The slot of the next group that is no replacement (a resumed run: step · groups_per_step)."""
+        self.free_slots: list[int] = []
+        """Slots of groups dropped as too stale, for their replacements (a heap: the oldest first)."""
         self.stopping = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="ait-episode")
         self.ready: queue.Queue[SampledGroup | BaseException] = queue.Queue()
@@ -95,8 +109,19 @@ class GroupSampler:
         while self.outstanding < cap:
             self.start_group()
 
-    def start_group(self) -> None:
+    def task(self, slot: int) -> tuple[TaskSpec, Path]:
+        """The task of a group: its slot's (round robin), or a uniform draw from the run's rng."""
+        if self.cycle is not None:
+            return round_robin_task(self.cycle, slot)
         (spec, path), = sample_training_tasks(self.task_paths, 1, self.rng)
+        return spec, path
+
+    def start_group(self) -> None:
+        if self.free_slots:
+            slot = heapq.heappop(self.free_slots)
+        else:
+            slot, self.next_slot = self.next_slot, self.next_slot + 1
+        spec, path = self.task(slot)
         index = self.launched
         self.launched += 1
         self.outstanding += 1
@@ -106,9 +131,9 @@ class GroupSampler:
             seed = (self.seed * 1_000_003 + index * 1009 + member) % 2**63
             futures.append(self.pool.submit(play, self.backend, spec, path, self.episode_config, self.runs_dir,
                                             run_id, seed, self.stopping))
-        self._when_all(futures, spec)
+        self._when_all(futures, spec, slot)
 
-    def _when_all(self, futures: list[Future], spec: TaskSpec) -> None:
+    def _when_all(self, futures: list[Future], spec: TaskSpec, slot: int) -> None:
         left = [len(futures)]
         lock = threading.Lock()
 
@@ -127,7 +152,7 @@ class GroupSampler:
             kept = [e for e in episodes if not infra_error(e.result)]
             group = TrajectoryGroup(task_id=spec.id, trajectories=[e.trajectory for e in kept],
                                     policy_version=min(e.trajectory.policy_version for e in episodes))
-            self.ready.put(SampledGroup(group=group, episodes=kept,
+            self.ready.put(SampledGroup(group=group, episodes=kept, slot=slot,
                                         infra=[e for e in episodes if infra_error(e.result)]))
 
         for f in futures:
@@ -145,6 +170,8 @@ class GroupSampler:
             too_few = len(item.group.trajectories) < 2  # infra errors left no comparison to learn from
             if version - item.group.policy_version > self.max_off_policy or too_few:
                 dropped.append(item)
+                if not too_few and item.slot is not None:  # stale only: its family keeps its turn
+                    heapq.heappush(self.free_slots, item.slot)
                 self.fill(groups_still_needed - len(taken))  # re-sample in its place
                 continue
             taken.append(item)

@@ -1,7 +1,8 @@
 """The outer loop's report: `RUN_DIR/metrics.jsonl` → plots and one self-contained HTML page.
 
     load_metrics(path)       the rows, checked (one JSON object per outer step)
-    summarize(rows)          steps, first / last / best reward, held-out, USD, tokens
+    summarize(rows)          steps, first / last / best reward, held-out, USD, tokens; family_rows, one per
+                             (step, family) trained on
     write_report(run_dir)    ./report-<run name>.html (plots embedded as base64 PNGs) and the PNGs beside it,
                              outside the run directory unless `out` points into it
 
@@ -22,7 +23,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ait.report.metrics import METRICS_FILE, MetricsError, load_metrics, metrics_path, summarize
+from ait.report.metrics import METRICS_FILE, MetricsError, family_rows, load_metrics, metrics_path, summarize
 
 
 class ReportError(ValueError):

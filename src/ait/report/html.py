@@ -9,6 +9,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from ait.report.metrics import config_label
 from ait.report.plots import Plot
 
 STYLE = """
@@ -25,6 +26,11 @@ p.nothing { color: #666; font-style: italic; margin: 0.4rem 0 1.2rem; }
 details table { font-size: 0.8rem; }
 """
 
+FAMILY_COLUMNS = (("step", "step"), ("family", "family"), ("episodes", "episodes"), ("valid_rate", "valid rate"),
+                  ("job_quality_mean", "job quality"), ("job_quality_std", "± std"),
+                  ("distinct_configs", "distinct configs"))
+"""Per-family table: (key of ait.report.metrics.family_rows, header); the jobs' choices follow."""
+
 STEP_COLUMNS = ("step", "reward_mean", "validation", "job_quality", "speed", "valid_rate", "post_mean",
                 "uplift_mean", "heldout_reward", "staleness_mean", "loss", "policy_tokens", "train_tokens", "usd")
 
@@ -38,7 +44,8 @@ def fmt(value: Any, key: str = "") -> str:
     if key.startswith("usd"):
         return f"${value:,.2f}"
     if key.endswith("tokens") or key in ("steps", "step", "first_step", "last_step", "reward_best_step",
-                                         "heldout_evals", "timed_out", "resampled_groups", "infra_errors"):
+                                         "heldout_evals", "timed_out", "resampled_groups", "infra_errors",
+                                         "episodes", "distinct_configs"):
         return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
     if key.startswith("seconds"):
         return f"{value / 3600:.2f} h" if value >= 3600 else f"{value:,.0f} s"
@@ -82,6 +89,7 @@ def render_html(run_dir: Path, rows: list[dict[str, Any]], summary: dict[str, An
         caption = " ".join([plot.caption, *plot.notes])
         parts.append(f"<figure><img alt='{escape(plot.title)}' src='data:image/png;base64,{data}'>"
                      f"<figcaption>{escape(caption)}</figcaption></figure>")
+    parts += family_table(summary.get("family_rows") or [])
     parts.append("<h2>Per step</h2><details><summary>every row of metrics.jsonl</summary><table><tr>")
     parts += [f"<th>{escape(c)}</th>" for c in STEP_COLUMNS]
     parts.append("</tr>")
@@ -89,3 +97,20 @@ def render_html(run_dir: Path, rows: list[dict[str, Any]], summary: dict[str, An
         parts.append("<tr>" + "".join(f"<td>{escape(fmt(row.get(c), c))}</td>" for c in STEP_COLUMNS) + "</tr>")
     parts.append("</table></details></body></html>")
     return "\n".join(parts)
+
+
+def family_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Each step's families: how many episodes, how often valid, job quality and its spread within the
+    family, and which (base model, learning rate, max steps) the jobs chose. Nothing for runs from before
+    metrics.jsonl had `families`."""
+    if not rows:
+        return []
+    parts = ["<h2>Per family</h2><p class='muted'>job quality ± its population standard deviation over the "
+             "family's episodes of the step; the jobs' (base model, learning rate, max steps), most used first</p>"
+             "<table><tr>", *(f"<th>{escape(h)}</th>" for _, h in FAMILY_COLUMNS), "<th>jobs chose</th></tr>"]
+    for row in rows:
+        cells = [escape(str(row[k])) if k == "family" else escape(fmt(row.get(k), k)) for k, _ in FAMILY_COLUMNS]
+        choices = "; ".join(config_label(c) for c in row.get("configs") or []) or "–"
+        parts.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + f"<td>{escape(choices)}</td></tr>")
+    parts.append("</table>")
+    return parts

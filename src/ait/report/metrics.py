@@ -21,6 +21,9 @@ NUMBER_KEYS = ("step", "time", "seconds", "reward_mean", "reward_std", "validati
 """Keys read as numbers (int or float; null = missing)."""
 SHARE_KEYS = ("base_model_share", "hparam_use", "stop_share")
 """Keys read as {name: fraction} (null = missing)."""
+FAMILY_NUMBER_KEYS = ("episodes", "valid_rate", "job_quality_mean", "job_quality_std", "distinct_configs")
+"""Numbers of each family's object under `families` (ait.outer.metrics.FAMILY_KEYS); rows written before
+the key have no `families` and so no per-family rows."""
 
 
 class MetricsError(ValueError):
@@ -91,9 +94,33 @@ def _checked(row: dict[str, Any], where: str, default_step: float) -> dict[str, 
         if not isinstance(value, dict) or not all(v is None or _is_number(v) for v in value.values()):
             raise MetricsError(f"{where}: {key} should be an object of numbers, got {json.dumps(value)[:60]}")
         row[key] = {k: v for k, v in value.items() if v is not None and math.isfinite(v)}
+    if row.get("families") is not None:
+        row["families"] = _checked_families(row["families"], where)
     if row.get("step") is None:
         row["step"] = default_step
     return row
+
+
+def _checked_families(value: Any, where: str) -> dict[str, dict[str, Any]]:
+    """{family: figures} with the figures' numbers checked as a row's (NaN read as missing)."""
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise MetricsError(f"{where}: families should be an object of objects, got {json.dumps(value)[:60]}")
+    out = {}
+    for name, figures in value.items():
+        figures = dict(figures)
+        for key in FAMILY_NUMBER_KEYS:
+            number = figures.get(key)
+            if number is not None and not _is_number(number):
+                raise MetricsError(f"{where}: families.{name}.{key} should be a number or null, "
+                                   f"got {json.dumps(number)[:60]}")
+            if number is not None and not math.isfinite(number):
+                figures[key] = None
+        configs = figures.get("configs")
+        if configs is not None and not (isinstance(configs, list) and all(isinstance(c, dict) for c in configs)):
+            raise MetricsError(f"{where}: families.{name}.configs should be a list of objects, "
+                               f"got {json.dumps(configs)[:60]}")
+        out[name] = figures
+    return out
 
 
 def _is_number(value: Any) -> bool:
@@ -103,6 +130,20 @@ def _is_number(value: Any) -> bool:
 def series(rows: list[dict[str, Any]], key: str) -> list[tuple[float, float]]:
     """(step, value) for the rows where `key` is present and not null."""
     return [(row["step"], float(row[key])) for row in rows if row.get(key) is not None]
+
+
+def family_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One flat row per (step, family) trained on: {step, family, episodes, valid_rate, job_quality_mean,
+    job_quality_std, configs, distinct_configs}, in step order, families sorted within a step."""
+    return [{"step": row["step"], "family": name, **figures}
+            for row in rows for name, figures in sorted((row.get("families") or {}).items())]
+
+
+def config_label(config: dict[str, Any]) -> str:
+    """One job choice as a reader scans it: `Qwen/Qwen3-0.6B lr 3e-06 50 steps ×2`."""
+    lr, steps = config.get("learning_rate"), config.get("max_steps", "?")
+    lr_text = f"{lr:g}" if _is_number(lr) else "?"
+    return f"{config.get('base_model', '?')} lr {lr_text} {steps} steps ×{config.get('count', 1)}"
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -144,4 +185,5 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "infra_errors": total("infra_errors"),
         "base_model_share_last": shares[-1] if shares else None,
         "stop_share_last": stops[-1] if stops else None,
+        "family_rows": family_rows(rows),
     }

@@ -1,0 +1,121 @@
+"""The outer loop's task order: training families round robin (shuffled once by the seed), every
+family equally often, one step's groups on distinct families, held-out families never, and the
+order a pure function of the slot so a resumed run continues it."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from test_outer_rollouts import Versioned, instant_play
+
+from ait.families import FAMILIES
+from ait.harness.types import EpisodeConfig
+from ait.outer import rollouts
+from ait.outer.config import OuterConfig
+from ait.outer.tasks import HeldOutError, family_cycle, round_robin_task
+
+TASKS = sorted((Path(__file__).resolve().parents[1] / "examples" / "tasks").glob("*.json"))
+TRAINING = {name for name, f in FAMILIES.items() if not f.held_out}
+
+
+def families_of(cycle, slots) -> list[str]:
+    return [round_robin_task(cycle, s)[0].family for s in slots]
+
+
+def test_every_family_equally_often_and_distinct_within_a_step() -> None:
+    cycle = family_cycle(TASKS, seed=0)
+    assert {fam[0][0].family for fam in cycle} == TRAINING and len(cycle) == len(TRAINING) == 5
+    for per_step in range(1, len(cycle) + 1):
+        steps = [families_of(cycle, range(t * per_step, (t + 1) * per_step)) for t in range(len(cycle))]
+        assert all(len(set(groups)) == per_step for groups in steps), (per_step, steps)
+        # F steps of G groups: every family exactly G times (no family starved, none drawn twice as often).
+        assert set(Counter(f for groups in steps for f in groups).values()) == {per_step}
+    # The brief's example: 2 groups a step over 5 families go (A,B), (C,D), (E,A), ...
+    a, b, c, d, e = families_of(cycle, range(5))
+    assert families_of(cycle, range(6)) == [a, b, c, d, e, a]
+
+
+def test_a_family_with_several_task_files_cycles_through_them() -> None:
+    cycle = family_cycle(TASKS, seed=0)
+    position = next(i for i, fam in enumerate(cycle) if fam[0][0].family == "calc_chain")
+    assert len(cycle[position]) == 2  # calc_chain.json and calc_chain_fast.json
+    turns = [round_robin_task(cycle, position + k * len(cycle))[1].name for k in range(4)]
+    assert turns == ["calc_chain.json", "calc_chain_fast.json"] * 2
+    # ... and the family still gets one turn in five, not two in six as a draw over task files gave it.
+    assert families_of(cycle, range(50)).count("calc_chain") == 10
+
+
+def test_held_out_families_are_never_in_the_cycle() -> None:
+    triage = [p for p in TASKS if p.stem == "triage"]
+    assert triage and all("triage" != f for f in families_of(family_cycle(TASKS, 3), range(100)))
+    with pytest.raises(HeldOutError):
+        family_cycle(triage, 0)
+    with pytest.raises(ValueError):
+        round_robin_task(family_cycle(TASKS, 0), -1)
+
+
+def test_the_order_is_the_seeds_and_the_task_lists_not_the_order_given() -> None:
+    first = families_of(family_cycle(TASKS, 7), range(5))
+    assert families_of(family_cycle(list(reversed(TASKS)), 7), range(5)) == first
+    orders = {tuple(families_of(family_cycle(TASKS, seed), range(5))) for seed in range(8)}
+    assert len(orders) > 1  # the seed shuffles it
+
+
+def run_sampler(tmp_path: Path, *, steps: int, first_slot: int = 0, per_step: int = 2, max_off_policy: int = 0,
+                task_sampling: str = "round_robin", seed: int = 0) -> list[list[tuple[str, str]]]:
+    """(family, task id) of the groups each step trains on, with episodes that finish at once."""
+    s = rollouts.GroupSampler(backend=Versioned(), task_paths=TASKS, rng=random.Random(seed),
+                              episode_config=EpisodeConfig(), runs_dir=tmp_path, group_size=2,
+                              groups_per_step=per_step, max_off_policy=max_off_policy, concurrency=1, seed=seed,
+                              task_sampling=task_sampling, first_slot=first_slot)
+    out = []
+    try:
+        for step in range(steps):
+            s.fill(groups_still_needed=(steps - step) * per_step)
+            taken, _ = s.take(per_step, version=0, groups_still_needed=(steps - step) * per_step)
+            out.append(sorted((g.group.trajectories[0].family, g.group.task_id) for g in taken))
+    finally:
+        s.close()
+    return out
+
+
+def test_a_resumed_sampler_continues_the_sequence(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(rollouts, "play", instant_play)
+    whole = run_sampler(tmp_path / "a", steps=5)
+    assert all(len({family for family, _ in step}) == 2 for step in whole)
+    # The loop resumes at slot step · groups_per_step (ait.outer.loop.open_run): steps 3-5 again.
+    assert run_sampler(tmp_path / "b", steps=3, first_slot=2 * 2) == whole[2:]
+    assert run_sampler(tmp_path / "c", steps=5) == whole  # and the same seed gives the same run
+
+
+def test_a_group_dropped_as_stale_hands_its_family_to_its_replacement(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(rollouts, "play", instant_play)
+    backend = Versioned()
+    s = rollouts.GroupSampler(backend=backend, task_paths=TASKS, rng=random.Random(0),
+                              episode_config=EpisodeConfig(), runs_dir=tmp_path, group_size=2, groups_per_step=1,
+                              max_off_policy=0, concurrency=1, seed=0)
+    try:
+        s.fill(groups_still_needed=3)
+        backend.step = 1  # the group sampled at version 0 is now stale
+        taken, dropped = s.take(1, version=1, groups_still_needed=3)
+        assert [g.slot for g in dropped] == [0] and [g.slot for g in taken] == [0]
+        assert taken[0].group.task_id == dropped[0].group.task_id == round_robin_task(s.cycle, 0)[0].id
+        s.fill(groups_still_needed=2)
+        taken, _ = s.take(1, version=1, groups_still_needed=2)
+        assert [g.slot for g in taken] == [1]  # the cycle goes on where it was
+    finally:
+        s.close()
+
+
+def test_uniform_sampling_is_still_there(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(rollouts, "play", instant_play)
+    steps = run_sampler(tmp_path, steps=30, task_sampling="uniform")
+    families = [family for step in steps for family, _ in step]
+    assert "triage" not in families and len(set(families)) > 1
+    assert any(len({family for family, _ in step}) == 1 for step in steps)  # a draw: one family twice happens
+    assert OuterConfig().task_sampling == "round_robin"
+    with pytest.raises(ValueError, match="task_sampling"):
+        OuterConfig.model_validate({"task_sampling": "random"})
