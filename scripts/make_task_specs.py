@@ -13,7 +13,7 @@ from ait.families import FAMILIES
 from ait.spec import Constraints, build_spec
 
 OUT = Path(__file__).resolve().parents[1] / "src" / "ait" / "tasks"
-MODELS = ["tiny", "smollm2-135m", "qwen2.5-coder-0.5b", "Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B"]
+MODELS = ["tiny", "smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B"]
 
 
 def constraints(time_budget_s: float = 600.0) -> Constraints:
