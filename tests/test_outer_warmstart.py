@@ -236,3 +236,15 @@ def test_a_recovery_transcript_writes_its_variant(tmp_path: Path) -> None:
     t = recovery_transcript(load_spec(TASK), tmp_path, "smollm2-135m", first_slip=0, variant="lr_3e-6")
     assert t.untrained and (t.variant, t.base_model) == ("lr_3e-6", "smollm2-135m")
     assert triple(job_tomls([t])[0]) == ("smollm2-135m", 3e-6, 12)
+
+
+def test_the_loop_passes_the_warmstart_table_to_the_warm_start(tmp_path: Path, monkeypatch) -> None:
+    from ait.outer import loop, warmstart
+
+    seen = {}
+    monkeypatch.setattr(warmstart, "build_warm_start", lambda config, specs, **kw: seen.update(kw) or tmp_path)
+    config = OuterConfig(warmstart={"steps": 3, "base_models": ["smollm2-135m"], "variants_per_task": 2})
+    warmed = loop.with_warm_start(config, [TASK])
+    assert warmed.policy.init_checkpoint == str(tmp_path)
+    assert (seen["steps"], seen["base_models"], seen["variants_per_task"]) == (3, ["smollm2-135m"], 2)
+    assert OuterConfig().warmstart.variants_per_task is None  # default: as many as cover every variant
