@@ -67,7 +67,8 @@ def main() -> int:
     w = config.warmstart
     steps = args.warm_steps if args.warm_steps is not None else (w.steps or 20)
     per_task = args.variants_per_task if args.variants_per_task is not None else w.variants_per_task
-    tasks = [(s, path) for s, path in training_tasks(resolve_tasks(config.tasks)) if not args.tasks or s.id in args.tasks]
+    tasks = [(s, path) for s, path in training_tasks(resolve_tasks(config.tasks))
+             if not args.tasks or s.id in args.tasks]
     if not tasks:
         print("no training task selected", file=sys.stderr)
         return 2

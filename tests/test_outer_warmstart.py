@@ -142,7 +142,8 @@ def test_the_warm_start_alternates_plain_and_recovery_transcripts(tmp_path: Path
     real = warmstart.sft_warm_start
     warmstart.sft_warm_start = lambda config, transcripts, **kw: seen.append(transcripts) or tmp_path
     try:
-        build_warm_start(OuterConfig(policy={"model": "tiny"}), specs, base_models=["tiny", "tiny"], variants_per_task=0)
+        build_warm_start(OuterConfig(policy={"model": "tiny"}), specs, base_models=["tiny", "tiny"],
+                         variants_per_task=0)
     finally:
         warmstart.sft_warm_start = real
     (transcripts,) = seen
@@ -175,7 +176,8 @@ def planned_transcripts(tmp_path: Path, monkeypatch, base_models: list[str] | No
     from ait.outer import warmstart
 
     seen: list = []
-    monkeypatch.setattr(warmstart, "sft_warm_start", lambda config, transcripts, **kw: seen.append((transcripts, kw["note"])) or tmp_path)
+    monkeypatch.setattr(warmstart, "sft_warm_start",
+                        lambda config, transcripts, **kw: seen.append((transcripts, kw["note"])) or tmp_path)
     monkeypatch.setattr(warmstart, "recovery_transcript", lambda spec, workdir, model, first_slip=0, variant=None:
                         warmstart.reference_transcript(spec, workdir, base_model=model, variant=variant))
     specs = [load_spec(TASK.parent / f"{f}.json") for f in FIVE]

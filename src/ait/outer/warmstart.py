@@ -163,7 +163,8 @@ def sft_examples(policy: Any, transcript: list[Message] | Transcript,
 
 
 def warm_start_plan(specs: list[TaskSpec], base_models: list[str] | None = None,
-                    variants_per_task: int | None = None, seed: int = 0) -> list[tuple[int, int, str | None, str | None]]:
+                    variants_per_task: int | None = None,
+                    seed: int = 0) -> list[tuple[int, int, str | None, str | None]]:
     """(task index, parity, base model, variant) of each warm-start transcript; parity 1: it recovers from
     a slip. Per (task, base model) pair `variants_per_task` transcripts (None: the fewest that together
     cover every variant), their variants the non-control variants that keep the pair's model, taken in

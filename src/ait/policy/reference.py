@@ -3,8 +3,8 @@
 It works only through the harness tools, as any agent must: it reads the instructions
 and task.json, checks the baselines, reads the family's task_tools.py (the module env.py
 imports), writes job.toml and env.py from the reference job for the task's family (with
-`variant`, that job with one knob turned: ait.policy.job_variants.agent_job), submits, and stops. When the harness allows more jobs
-(EpisodeConfig.max_jobs > 1) it refines up to `jobs` times: each time it doubles
+`variant`, that job with one knob turned: ait.policy.job_variants.agent_job), submits, and
+stops. When the harness allows more jobs (EpisodeConfig.max_jobs > 1) it refines up to `jobs` times: each time it doubles
 max_steps (within the task's bound) and submits again. It is the default policy with no
 API key, the demo, a test fixture and a baseline for trained agents.
 
