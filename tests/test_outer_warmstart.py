@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -12,6 +13,8 @@ import torch
 from ait.outer.backends.local import LocalBackend
 from ait.outer.config import OuterConfig
 from ait.outer.warmstart import Transcript, build_warm_start, reference_transcript, sft_examples
+from ait.policy.job_variants import VARIANTS, triple, variant_job
+from ait.policy.reference import reference_job
 from ait.spec import load_spec
 
 TASK = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "calc_chain_fast.json"
@@ -30,13 +33,16 @@ def test_warm_start_distils_the_reference_transcript(tmp_path: Path) -> None:
     text = fresh.tokenizer.decode(examples[0][1])
     assert '"name": "list_files"' in text and text.endswith("<|im_end|>")
 
-    path = build_warm_start(config, [spec], steps=2, batch_size=2, learning_rate=1e-2, cache_dir=tmp_path / "ws")
+    # variants_per_task = 0: the reference job alone, one transcript (the variants: tests below)
+    path = build_warm_start(config, [spec], steps=2, batch_size=2, learning_rate=1e-2, cache_dir=tmp_path / "ws",
+                            variants_per_task=0)
     meta = json.loads((path / "warmstart.json").read_text())
     assert meta["steps"] == 2 and meta["examples"] == len(examples) and meta["tasks"] == [spec.id]
     assert meta["recoveries"] == 0  # one task, one model: the (0, 0) transcript is plain
+    assert meta["variants"] == [[spec.id, "reference", "tiny"]]
     t0 = time.monotonic()
     assert build_warm_start(config, [spec], steps=2, batch_size=2, learning_rate=1e-2,
-                            cache_dir=tmp_path / "ws") == path
+                            cache_dir=tmp_path / "ws", variants_per_task=0) == path
     assert time.monotonic() - t0 < 1.0  # cached
     warm = LocalBackend(config.model_copy(update={"policy": config.policy.model_copy(
         update={"init_checkpoint": str(path)})}))
@@ -47,7 +53,8 @@ def test_warm_start_distils_the_reference_transcript(tmp_path: Path) -> None:
 
 
 def test_warm_start_transcripts_cover_each_listed_base_model(tmp_path: Path) -> None:
-    """With base_models, each task gets one reference transcript per model, each job writing its model."""
+    """With base_models (and variants_per_task = 0), each task gets one reference transcript per model,
+    each job writing its model: the GPU reference job on a pretrained one, the shipped job on tiny."""
     from ait.outer import warmstart
 
     spec = load_spec(TASK)
@@ -56,7 +63,8 @@ def test_warm_start_transcripts_cover_each_listed_base_model(tmp_path: Path) -> 
     warmstart.sft_warm_start = lambda config, transcripts, **kw: seen.append(transcripts) or tmp_path
     try:
         config = OuterConfig(policy={"model": "tiny"}, warmstart={"base_models": ["smollm2-135m", "tiny"]})
-        assert build_warm_start(config, [spec], base_models=config.warmstart.base_models) == tmp_path
+        assert build_warm_start(config, [spec], base_models=config.warmstart.base_models,
+                                variants_per_task=0) == tmp_path
     finally:
         warmstart.sft_warm_start = real
     (transcripts,) = seen
@@ -67,7 +75,7 @@ def test_warm_start_transcripts_cover_each_listed_base_model(tmp_path: Path) -> 
         written.append(toml)
     assert len(written) == 2
     assert 'base_model = "smollm2-135m"' in written[0] and "learning_rate = 1e-6" in written[0]
-    assert 'base_model = "tiny"' in written[1]
+    assert written[1] == reference_job(spec.family)["job.toml"]  # the shipped tiny job, untouched
 
 
 def test_the_reference_reads_the_familys_tool_module_before_writing_env_py(tmp_path: Path) -> None:
@@ -134,7 +142,8 @@ def test_the_warm_start_alternates_plain_and_recovery_transcripts(tmp_path: Path
     real = warmstart.sft_warm_start
     warmstart.sft_warm_start = lambda config, transcripts, **kw: seen.append(transcripts) or tmp_path
     try:
-        build_warm_start(OuterConfig(policy={"model": "tiny"}), specs, base_models=["tiny", "tiny"])
+        build_warm_start(OuterConfig(policy={"model": "tiny"}), specs, base_models=["tiny", "tiny"],
+                         variants_per_task=0)
     finally:
         warmstart.sft_warm_start = real
     (transcripts,) = seen
@@ -156,3 +165,88 @@ def test_a_rejection_that_does_not_name_the_slip_is_no_recovery(tmp_path: Path, 
     assert len(probes) == 3 and t.untrained == frozenset()
     assert not any(c.name == "edit_file" for m in t.messages for c in m.tool_calls)
     assert [c.name for m in t.messages for c in m.tool_calls].count("submit_job") == 1
+
+
+FIVE = ["calc_chain", "dispatch", "ledger", "multi_hop", "string_pipeline"]
+
+
+def planned_transcripts(tmp_path: Path, monkeypatch, base_models: list[str] | None, seed: int = 0) -> tuple[list, dict]:
+    """build_warm_start's transcripts and note for the five training families, SFT left out and the slips
+    not probed (recovery transcripts are tested above): what is distilled, not how."""
+    from ait.outer import warmstart
+
+    seen: list = []
+    monkeypatch.setattr(warmstart, "sft_warm_start",
+                        lambda config, transcripts, **kw: seen.append((transcripts, kw["note"])) or tmp_path)
+    monkeypatch.setattr(warmstart, "recovery_transcript", lambda spec, workdir, model, first_slip=0, variant=None:
+                        warmstart.reference_transcript(spec, workdir, base_model=model, variant=variant))
+    specs = [load_spec(TASK.parent / f"{f}.json") for f in FIVE]
+    build_warm_start(OuterConfig(policy={"model": "tiny"}, seed=seed), specs, base_models=base_models)
+    ((transcripts, note),) = seen
+    return transcripts, note
+
+
+def job_tomls(transcripts: list) -> list[str]:
+    return [next(c.arguments["content"] for m in t.messages if m.role == "assistant" for c in m.tool_calls
+                 if c.name == "write_file" and c.arguments.get("path") == "job.toml") for t in transcripts]
+
+
+def test_the_warm_start_distils_the_job_variants_on_every_listed_base_model(tmp_path: Path, monkeypatch) -> None:
+    """The starting agent must see different jobs for a task, or every group's jobs are one job: >= 8 distinct
+    (model, lr, steps) triples, every listed base model, every non-control variant, no null job."""
+    models = ["smollm2-135m", "qwen2.5-coder-0.5b"]
+    transcripts, note = planned_transcripts(tmp_path, monkeypatch, models)
+    tomls = job_tomls(transcripts)
+    triples = [triple(t) for t in tomls]
+    assert len(set(triples)) >= 8
+    assert set(models) <= {m for m, _, _ in triples}
+    assert all(lr > 0 and steps > 0 for _, lr, steps in triples)  # no control job distilled
+    used = [v for _, v, _ in note["variants"]]
+    assert set(used) == {n for n, v in VARIANTS.items() if not v.control}
+    # The note says what each transcript wrote: its job is that variant's job on that model.
+    for (task, variant, model), text in zip(note["variants"], tomls):
+        family = load_spec(TASK.parent / f"{task}.json").family
+        assert triple(text) == triple(variant_job(family, replace(VARIANTS[variant], base_model=model))["job.toml"])
+    # Several variants per family, not one job per family.
+    assert all(len({v for t, v, _ in note["variants"] if t == task}) >= 3 for task in FIVE)
+
+
+def test_the_tiny_warm_start_spreads_too_and_the_rotation_follows_the_seed(tmp_path: Path, monkeypatch) -> None:
+    transcripts, note = planned_transcripts(tmp_path, monkeypatch, None)
+    triples = {triple(t) for t in job_tomls(transcripts)}
+    assert len(triples) >= 8 and sum(m == "tiny" for m, _, _ in triples) >= 6  # tiny-relative variants
+    assert {n for n, v in VARIANTS.items() if not v.control} == {v for _, v, _ in note["variants"]}
+    _, other = planned_transcripts(tmp_path / "s1", monkeypatch, None, seed=1)
+    assert other["variants"] != note["variants"]
+    assert {v for _, v, _ in other["variants"]} == {v for _, v, _ in note["variants"]}
+
+
+def test_the_variant_plan_alternates_recoveries_and_keeps_the_legacy_plan_at_zero() -> None:
+    from ait.outer.warmstart import warm_start_plan
+
+    specs = [load_spec(TASK.parent / f"{f}.json") for f in FIVE]
+    plan = warm_start_plan(specs, ["smollm2-135m", "qwen2.5-coder-0.5b"], None, seed=0)
+    assert sum(p for _, p, _, _ in plan) == len(plan) // 2  # every other transcript fixes a slip
+    assert warm_start_plan(specs[:2], ["a", "b"], 0) == [(0, 0, "a", None), (0, 1, "b", None),
+                                                         (1, 1, "a", None), (1, 0, "b", None)]
+    assert len(warm_start_plan(specs, None, 1)) == len(specs) + 2  # one knob each, plus the model variants
+
+
+def test_a_recovery_transcript_writes_its_variant(tmp_path: Path) -> None:
+    from ait.outer.warmstart import recovery_transcript
+
+    t = recovery_transcript(load_spec(TASK), tmp_path, "smollm2-135m", first_slip=0, variant="lr_3e-6")
+    assert t.untrained and (t.variant, t.base_model) == ("lr_3e-6", "smollm2-135m")
+    assert triple(job_tomls([t])[0]) == ("smollm2-135m", 3e-6, 12)
+
+
+def test_the_loop_passes_the_warmstart_table_to_the_warm_start(tmp_path: Path, monkeypatch) -> None:
+    from ait.outer import loop, warmstart
+
+    seen = {}
+    monkeypatch.setattr(warmstart, "build_warm_start", lambda config, specs, **kw: seen.update(kw) or tmp_path)
+    config = OuterConfig(warmstart={"steps": 3, "base_models": ["smollm2-135m"], "variants_per_task": 2})
+    warmed = loop.with_warm_start(config, [TASK])
+    assert warmed.policy.init_checkpoint == str(tmp_path)
+    assert (seen["steps"], seen["base_models"], seen["variants_per_task"]) == (3, ["smollm2-135m"], 2)
+    assert OuterConfig().warmstart.variants_per_task is None  # default: as many as cover every variant

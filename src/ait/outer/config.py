@@ -76,8 +76,12 @@ class WarmStartSection(Strict):
     batch_size: int = Field(default=8, ge=1, le=1024)
     """Assistant turns per supervised step."""
     base_models: list[str] = Field(default_factory=list, max_length=16)
-    """One reference transcript per task and per base model listed (each must be allowed by the
+    """Reference transcripts for each task and each base model listed (each must be allowed by the
     tasks); empty = the reference job's own choice. Several give RL a choice to shift."""
+    variants_per_task: int | None = Field(default=None, ge=0, le=64)
+    """Transcripts per (task, base model), each writing another variant of the reference job
+    (ait.policy.job_variants, rotated by seed: ait.outer.warmstart.warm_start_plan); None = the fewest
+    that together cover every variant; 0 = the reference job alone, one transcript per pair."""
 
 
 class OuterConfig(Strict):

@@ -16,6 +16,9 @@ some submit. The rewards stay honest: they come from the harness as for any poli
     sft_warm_start         SFT a LocalBackend on the assistant turns of any transcripts and save its
                            adapter; cached by a digest of everything that determines it, under
                            AIT_HOME/warmstart/
+    warm_start_plan        which (task, base model, job variant) each transcript writes: the reference
+                           job's variants by a rotation over the seed, so the starting agent's jobs
+                           differ inside a group (one job everywhere gives the outer step nothing to learn)
     build_warm_start       sft_warm_start on the reference transcripts of a set of tasks
 """
 
@@ -38,11 +41,13 @@ from ait.harness.workspace_tools import WorkspaceTools
 from ait.home import ait_home
 from ait.job import task_tools
 from ait.policy.chat import to_template
+from ait.policy.job_variants import VARIANTS
 from ait.policy.reference import TT_CALL, ReferencePolicy
 from ait.probe.runner import probe_workspace
 from ait.spec import TaskSpec
 
-WARMSTART_VERSION = "ws-v4"  # v3: the reference reads task_tools.py first; v4: half the transcripts fix a slip
+WARMSTART_VERSION = "ws-v5"  # v3: the reference reads task_tools.py first; v4: half the transcripts fix a slip;
+                             # v5: the transcripts write job variants (warm_start_plan)
 
 
 @dataclass
@@ -52,18 +57,24 @@ class Transcript:
 
     messages: list[Message]
     untrained: frozenset[int] = frozenset()
+    variant: str | None = None
+    """The job variant the reference agent wrote (after any fallback: ReferencePolicy.written)."""
+    base_model: str | None = None
+    """... and its base model."""
 
 
 def reference_transcript(spec: TaskSpec, workdir: Path, baselines: BaselineStore | None = None,
-                         base_model: str | None = None, slip: int | None = None) -> Transcript:
+                         base_model: str | None = None, slip: int | None = None,
+                         variant: str | None = None) -> Transcript:
     """The reference agent's conversation up to and including its submit_job call (its job on
-    `base_model` when given, else on the reference job's own choice). With `slip` (ReferencePolicy's),
+    `base_model` when given, else on the reference job's own choice; `variant` of it when given,
+    ReferencePolicy's). With `slip` (ReferencePolicy's),
     its first env.py misnames one task_tools helper: that submission is really probed, and the
     transcript goes on through the probe's error, the agent's edit_file fix and its second submit_job
     call; the slipped write is left untrained. Nothing else is probed, and no job runs."""
     workspace = workdir / "workspace"
     seed_workspace(workspace, spec)
-    agent = ReferencePolicy(jobs=1, base_model=base_model, slip=slip)
+    agent = ReferencePolicy(jobs=1, base_model=base_model, slip=slip, variant=variant)
     attempts = []
 
     def probe_submission() -> str:  # as the harness's submit_job does it, short of running the job
@@ -91,22 +102,24 @@ def reference_transcript(spec: TaskSpec, workdir: Path, baselines: BaselineStore
         for call in reply.tool_calls:
             result = tools.dispatch(call, reply.content)  # the reply's text: where a fenced file body is
             messages.append(Message(role="tool", content=result, tool_call_id=call.id, name=call.name))
-    return Transcript(messages, frozenset(untrained))
+    variant, model = agent.written or (None, None)
+    return Transcript(messages, frozenset(untrained), variant, model)
 
 
 def recovery_transcript(spec: TaskSpec, workdir: Path, base_model: str | None, first_slip: int = 0,
-                        tries: int = 6) -> Transcript:
+                        tries: int = 6, variant: str | None = None) -> Transcript:
     """A reference transcript in which the probe rejects a slip and the agent fixes it: slips `first_slip`,
     `first_slip` + 1, ... until the probe catches one (a slip in code the probe never runs passes it), at
     most `tries`; failing that, the plain reference transcript."""
     for k in range(tries):
-        t = reference_transcript(spec, workdir / f"slip-{k}", base_model=base_model, slip=first_slip + k)
+        t = reference_transcript(spec, workdir / f"slip-{k}", base_model=base_model, slip=first_slip + k,
+                                 variant=variant)
         edits = [c.arguments for m in t.messages for c in m.tool_calls if c.name == "edit_file"]
         verdict = next((m.content for m in t.messages if m.role == "tool" and m.name == "submit_job"), "")
         # The fix must answer the probe's own words (not, say, a probe that timed out).
         if edits and TT_CALL.search(edits[0]["old"]).group(1) in verdict:
             return t
-    return reference_transcript(spec, workdir / "plain", base_model=base_model)
+    return reference_transcript(spec, workdir / "plain", base_model=base_model, variant=variant)
 
 
 def completion_ids(tokenizer: Any, history: list[Message], reply: Message) -> list[int]:
@@ -149,23 +162,59 @@ def sft_examples(policy: Any, transcript: list[Message] | Transcript,
     return out
 
 
+def warm_start_plan(specs: list[TaskSpec], base_models: list[str] | None = None,
+                    variants_per_task: int | None = None,
+                    seed: int = 0) -> list[tuple[int, int, str | None, str | None]]:
+    """(task index, parity, base model, variant) of each warm-start transcript; parity 1: it recovers from
+    a slip. Per (task, base model) pair `variants_per_task` transcripts (None: the fewest that together
+    cover every variant), their variants the non-control variants that keep the pair's model, taken in
+    turn from an offset of `seed`; then one transcript per variant that names its own model, on the tasks
+    in turn. Model variants get transcripts of their own rather than slots of a pair, so every base model
+    listed keeps its pairs' transcripts. No control (null_*) variant is distilled: a warm-started agent
+    should not learn to train nothing. variants_per_task = 0: one reference-job transcript a pair (ws-v4)."""
+    models = base_models or [None]
+    if variants_per_task == 0:
+        return [(i, (i + j) % 2, model, None) for i in range(len(specs)) for j, model in enumerate(models)]
+    knobs = [v.name for v in VARIANTS.values() if not v.control and v.base_model is None]
+    own_model = [v for v in VARIANTS.values() if not v.control and v.base_model is not None]
+    pairs = len(specs) * len(models)
+    per_pair = variants_per_task or -(-len(knobs) // pairs)
+    plan = []
+    for i in range(len(specs)):
+        for j, model in enumerate(models):
+            for r in range(per_pair):
+                # Pair p's r-th slot is p + r * pairs: the slots number 0 .. pairs * per_pair - 1 (so they
+                # cover every knob when there are enough), and a pair's own variants lie `pairs` apart in
+                # the list, i.e. turn different knobs, not neighbouring rates of one.
+                slot = i * len(models) + j + r * pairs
+                plan.append((i, (i + j + r) % 2, model, knobs[(seed + slot) % len(knobs)]))
+    for k, v in enumerate(own_model):
+        allowing = [i for i in range(len(specs)) if v.base_model in specs[i].constraints.allowed_base_models]
+        if allowing:
+            plan.append((allowing[(seed + k) % len(allowing)], len(plan) % 2, None, v.name))
+    return plan
+
+
 def build_warm_start(config: Any, specs: list[TaskSpec], *, steps: int = 60, learning_rate: float = 3e-3,
                      batch_size: int = 8, cache_dir: Path | None = None,
-                     base_models: list[str] | None = None) -> Path:
+                     base_models: list[str] | None = None, variants_per_task: int | None = None) -> Path:
     """A warm-start checkpoint for `config`'s policy (local backend), SFT'd for `steps` steps on the
-    reference transcripts of `specs`: one per task, or one per task and base model in `base_models`
-    (so the agent starts out choosing among them and RL can shift the choice). Returns its directory
-    (usable as [policy] init_checkpoint)."""
-    models = base_models or [None]
+    reference transcripts of `specs` planned by warm_start_plan: per task and base model in
+    `base_models` (so the agent starts out choosing among them and RL can shift the choice), jobs drawn
+    from the reference job's variants (rotated by config.seed), every other one recovering from a slip.
+    Returns its directory (usable as [policy] init_checkpoint)."""
+    plan = warm_start_plan(specs, base_models, variants_per_task, config.seed)
     with tempfile.TemporaryDirectory(prefix="ait-warmstart-") as tmp:
-        # Every other transcript recovers from a slip (alternating over tasks and models alike).
-        transcripts = [recovery_transcript(spec, Path(tmp) / f"{i}-{j}", model, first_slip=i)
-                       if (i + j) % 2 else reference_transcript(spec, Path(tmp) / f"{i}-{j}", base_model=model)
-                       for i, spec in enumerate(specs) for j, model in enumerate(models)]
+        transcripts = [recovery_transcript(specs[i], Path(tmp) / f"{n}", model, first_slip=i + n, variant=variant)
+                       if parity else reference_transcript(specs[i], Path(tmp) / f"{n}", base_model=model,
+                                                           variant=variant)
+                       for n, (i, parity, model, variant) in enumerate(plan)]
     return sft_warm_start(config, transcripts, steps=steps, learning_rate=learning_rate, batch_size=batch_size,
                           cache_dir=cache_dir, note={"source": "reference", "tasks": [s.id for s in specs],
                                                      "base_models": base_models or [],
-                                                     "recoveries": sum(bool(t.untrained) for t in transcripts)})
+                                                     "recoveries": sum(bool(t.untrained) for t in transcripts),
+                                                     "variants": [[specs[i].id, t.variant, t.base_model]
+                                                                  for (i, *_), t in zip(plan, transcripts)]})
 
 
 def sft_warm_start(config: Any, transcripts: list[list[Message] | Transcript], *, steps: int, learning_rate: float,

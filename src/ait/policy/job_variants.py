@@ -10,16 +10,21 @@
 
 bench/job_surface.py measures every variant's job_quality (docs/surface.md); the warm start shows
 the starting agent jobs drawn from these variants, so its choices differ inside a group. The CPU
-reference job on the random `tiny` model is the shipped job.toml itself, untouched.
+reference job on the random `tiny` model is the shipped job.toml itself, untouched; a variant of it
+(`tiny_job`) turns the same knob by the same factor relative to REFERENCE_TRAIN (lr_3e-6 triples the
+shipped 1e-3), so a CPU warm start shows a spread too. `agent_job` is what the reference agent writes.
 """
 
 from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ait.spec import Constraints
 
 REFERENCE_JOBS = Path(__file__).resolve().parent / "reference_jobs"
 REFERENCE_MODEL = "qwen2.5-coder-0.5b"
@@ -79,33 +84,119 @@ def toml_value(v: Any) -> str:
     if isinstance(v, str):
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(v, float):
-        return repr(v) if v != 0 else "0.0"
+        if v == 0:
+            return "0.0"
+        mantissa, e, exp = repr(v).partition("e")  # 1e-6, as people write it, not repr's 1e-06
+        return f"{mantissa}e{int(exp)}" if e else mantissa
     return str(v)
 
 
-def variant_job(family: str, variant: Variant | str, allowed: list[str] | None = None) -> dict[str, str]:
+def variant_job(family: str, variant: Variant | str, allowed: list[str] | None = None,
+                constraints: Constraints | None = None) -> dict[str, str]:
     """{"job.toml": text, "env.py": text} of `variant` of the family's reference job. `allowed`: the
-    task's allowed base models; a variant whose model is not among them raises ValueError."""
+    task's allowed base models (default: the constraints'); a variant whose model is not among them
+    raises ValueError. With `constraints`, the [train] values are kept within the task's bounds."""
     variant = VARIANTS[variant] if isinstance(variant, str) else variant
-    root = REFERENCE_JOBS / family
-    if not root.is_dir():
-        raise ValueError(f"no reference job for family {family!r}")
-    shipped = tomllib.loads((root / "job.toml").read_text())
+    shipped = tomllib.loads(shipped_text(family, "job.toml"))
     model = variant.base_model or REFERENCE_MODEL
+    allowed = allowed if allowed is not None or constraints is None else constraints.allowed_base_models
     if allowed is not None and model not in allowed:
         raise ValueError(f"variant {variant.name!r} trains {model!r}, which the task does not allow ({allowed})")
     train = {**shipped["train"], **REFERENCE_TRAIN, **variant.train}
     if "max_completion_length" not in variant.train:  # never below what the family's own job gives its turns
         train["max_completion_length"] = max(train["max_completion_length"], shipped["train"]["max_completion_length"])
+    train = within(train, constraints)
     lines = [f"# {family}: variant {variant.name} of the reference job (ait.policy.job_variants)",
              "[job]", f"base_model = {toml_value(model)}", "", "[train]"]
     lines += [f"{k} = {toml_value(v)}" for k, v in train.items() if not isinstance(v, dict)]
-    env = (root / "env.py").read_text()
+    return {"job.toml": "\n".join(lines) + "\n", "env.py": variant_env(family, variant)}
+
+
+def shipped_text(family: str, name: str) -> str:
+    root = REFERENCE_JOBS / family
+    if not root.is_dir():
+        raise ValueError(f"no reference job for family {family!r}")
+    return (root / name).read_text()
+
+
+def variant_env(family: str, variant: Variant) -> str:
+    """The family's env.py, its partial-credit reward weighed 0 when the variant turns it off."""
+    env = shipped_text(family, "env.py")
     if not variant.partial_credit:
         env, n = PARTIAL_CREDIT.subn(lambda m: f"REWARD_WEIGHTS = [{m.group(1)}, 0.0,", env, count=1)
         if n != 1:
             raise ValueError(f"{family}'s env.py has no REWARD_WEIGHTS with a partial-credit weight to zero")
-    return {"job.toml": "\n".join(lines) + "\n", "env.py": env}
+    return env
+
+
+def within(train: dict[str, Any], c: Constraints | None) -> dict[str, Any]:
+    """`train` with every value the task bounds (ait.job.types.JobConfig) clamped into its bound."""
+    if c is None:
+        return train
+    out = dict(train)
+    for key, bound in (("max_steps", c.max_steps), ("num_generations", c.max_group_size),
+                       ("prompts_per_step", c.max_prompts_per_step),
+                       ("max_completion_length", c.max_completion_tokens),
+                       ("max_tool_calling_iterations", c.max_turns), ("dataset_size", c.max_dataset_rows)):
+        if key in out:
+            out[key] = min(out[key], bound)
+    if "dataset_size" in out:
+        out["dataset_size"] = max(out["dataset_size"], c.min_dataset_rows)
+    return out
+
+
+MAX_LEARNING_RATE = 1e-2  # ait.job.types.TrainConfig's bound: lr_1e-5 of the tiny job's 1e-3 lands on it
+SCALED = ("learning_rate", "max_steps", "dataset_size")
+"""The knobs a tiny variant turns by the variant's factor over REFERENCE_TRAIN, not to its value: the
+tiny model's scale (1e-3, 4 steps) is not a pretrained model's."""
+
+
+def tiny_job(family: str, variant: Variant | str, constraints: Constraints | None = None) -> dict[str, str]:
+    """{"job.toml", "env.py"} of `variant` of the family's shipped CPU job on the random `tiny` model:
+    learning_rate, max_steps and dataset_size scaled by the variant's factor over REFERENCE_TRAIN
+    (max_steps at least 1 unless the variant's is 0: null_steps0 stays a null job), the other keys as
+    the variant sets them, all within the task's bounds. The reference variant is the shipped text
+    itself, byte for byte (the default `ait episode` job)."""
+    variant = VARIANTS[variant] if isinstance(variant, str) else variant
+    text = shipped_text(family, "job.toml")
+    env = variant_env(family, variant)
+    if not variant.train:
+        return {"job.toml": text, "env.py": env}
+    shipped = tomllib.loads(text)["train"]
+    train = {}
+    for key, value in variant.train.items():
+        if key in SCALED and key in shipped:
+            scaled = shipped[key] * value / REFERENCE_TRAIN[key]
+            value = (min(float(f"{scaled:.3g}"), MAX_LEARNING_RATE) if key == "learning_rate"
+                     else max(round(scaled), 1 if value else 0))
+        train[key] = value
+    train = within({**shipped, **train}, constraints)
+    changed = {k: v for k, v in train.items() if k in variant.train or v != shipped.get(k)}
+    for key, value in changed.items():  # edit the shipped lines in place: its comments and order stay
+        line = f"{key} = {toml_value(value)}"
+        text, n = re.subn(rf"^{re.escape(key)}\s*=.*$", line, text, count=1, flags=re.MULTILINE)
+        if n == 0:
+            text = text.rstrip("\n") + f"\n{line}\n"  # [train] is the file's last table
+    header = f"# {family}: variant {variant.name} of the tiny reference job (ait.policy.job_variants)\n"
+    return {"job.toml": header + text, "env.py": env}
+
+
+def agent_job(family: str, constraints: Constraints, variant: str | None = None,
+              base_model: str | None = None) -> tuple[str, str, dict[str, str]]:
+    """(variant written, base model, {"job.toml", "env.py"}): what the reference agent writes. A variant
+    that names a base model trains it (that model is the variant's point); otherwise `base_model`, else
+    the shipped job's `tiny` (or the task's first allowed model). On `tiny` the variant is the tiny job's
+    (tiny_job), on any other model the GPU reference job's (variant_job). A model the task does not
+    allow falls back to the reference variant on an allowed model: the agent never writes an invalid job."""
+    allowed = constraints.allowed_base_models
+    chosen = VARIANTS[variant or "reference"]
+    fallback = base_model if base_model in allowed else ("tiny" if "tiny" in allowed else allowed[0])
+    model = chosen.base_model or fallback
+    if model not in allowed:
+        chosen, model = VARIANTS["reference"], fallback
+    if model == "tiny":
+        return chosen.name, model, tiny_job(family, chosen, constraints)
+    return chosen.name, model, variant_job(family, replace(chosen, base_model=model), constraints=constraints)
 
 
 def triple(job_toml: str) -> tuple[str, float, int]:

@@ -2,9 +2,9 @@
 
 It works only through the harness tools, as any agent must: it reads the instructions
 and task.json, checks the baselines, reads the family's task_tools.py (the module env.py
-imports), writes job.toml and env.py from the reference job
-shipped for the task's family, submits, and stops. When the harness allows more jobs
-(EpisodeConfig.max_jobs > 1) it refines up to `jobs` times: each time it doubles
+imports), writes job.toml and env.py from the reference job for the task's family (with
+`variant`, that job with one knob turned: ait.policy.job_variants.agent_job), submits, and
+stops. When the harness allows more jobs (EpisodeConfig.max_jobs > 1) it refines up to `jobs` times: each time it doubles
 max_steps (within the task's bound) and submits again. It is the default policy with no
 API key, the demo, a test fixture and a baseline for trained agents.
 
@@ -29,11 +29,8 @@ from typing import Any
 
 from ait.harness.fenced import fenced
 from ait.harness.types import Message, ToolCallRequest
-from ait.spec import TaskSpec
-
-
-REAL_MODEL_LR = "1e-6"
-"""The learning rate the reference writes for a real (pretrained) base model."""
+from ait.policy.job_variants import VARIANTS, agent_job
+from ait.spec import Constraints, TaskSpec
 
 
 def reference_job(family: str) -> dict[str, str] | None:
@@ -83,16 +80,25 @@ def more_steps(job_toml: str, cap: int) -> str | None:
 class ReferencePolicy:
     name = "reference"
 
-    def __init__(self, jobs: int = 2, base_model: str | None = None, slip: int | None = None):
+    def __init__(self, jobs: int = 2, base_model: str | None = None, slip: int | None = None,
+                 variant: str | None = None):
+        if variant is not None and variant not in VARIANTS:
+            raise ValueError(f"unknown job variant {variant!r}; one of {sorted(VARIANTS)}")
         self.jobs = jobs
         """Most jobs to run when the harness allows several (1 = never refine)."""
         self.base_model = base_model
-        """Base model to write into job.toml (None: the reference job's, or the task's first allowed)."""
+        """Base model to write into job.toml (None: the reference job's, or the task's first allowed); a
+        variant that names its own model overrides it."""
         self.slip = slip
         """When set: write a first env.py with one misnamed task_tools call (plant_slip's `which`), then fix
         it from the probe's error."""
+        self.variant = variant
+        """Which job to write: a name in ait.policy.job_variants.VARIANTS (None: the reference job)."""
+        self.written: tuple[str, str] | None = None
+        """(variant, base model) of the job last planned, after any fallback (agent_job)."""
         self.settings = {"jobs": jobs, **({"base_model": base_model} if base_model else {}),
-                         **({"slip": slip} if slip is not None else {})}
+                         **({"slip": slip} if slip is not None else {}),
+                         **({"variant": variant} if variant is not None else {})}
 
     def reset(self, spec: TaskSpec) -> None:
         self.step = 0
@@ -143,26 +149,17 @@ class ReferencePolicy:
 
     def _read_task(self, task_json: str) -> Message:
         task = json.loads(task_json)
-        self.job = reference_job(task["family"])
-        if self.job is None:
+        if reference_job(task["family"]) is None:
             self.step = 10_000  # nothing to write: stop, and let the harness record it
             return Message(role="assistant", content=f"I have no reference job for family {task['family']!r}.")
-        self.max_steps = int(task["constraints"]["max_steps"])
+        constraints = Constraints.model_validate(task["constraints"])
+        # On `tiny` the shipped CPU job (or a variant of it); on a pretrained model the GPU reference job
+        # (or a variant): the tiny job's learning rate (1e-3) would wreck a pretrained model (docs/gpu.md).
+        variant, model, self.job = agent_job(task["family"], constraints, self.variant, self.base_model)
+        self.written = (variant, model)
+        self.max_steps = constraints.max_steps
         if self.slip is not None and (planted := plant_slip(self.job["env.py"], self.slip)) is not None:
             self.job["env.py"], self.fix = planted[0], planted[1:]
-        allowed = task["constraints"]["allowed_base_models"]
-        match = re.search(r'^base_model\s*=\s*"([^"]*)"', self.job["job.toml"], re.MULTILINE)
-        if match and (self.base_model or match.group(1) not in allowed):
-            model = self.base_model or allowed[0]
-            self.job["job.toml"] = self.job["job.toml"].replace(match.group(0), f'base_model = "{model}"')
-            if model != "tiny":
-                # The reference jobs' learning rate (1e-3) suits the random tiny model, not a pretrained
-                # 100M-1B model in full fine-tuning. On an H200 (docs/gpu.md) 1e-5 made Qwen2.5-Coder-0.5B
-                # worse on calc_chain (three runs), dispatch and multi_hop. 1e-6 is the one rate that
-                # lifted all three of calc_chain (+0.215, +0.180), string_pipeline (+0.315) and multi_hop
-                # (+0.545) beyond noise; at 3e-6 calc_chain's gain was +0.155 in one run, +0.075 in another.
-                self.job["job.toml"] = re.sub(r"^learning_rate\s*=.*$", f"learning_rate = {REAL_MODEL_LR}",
-                                              self.job["job.toml"], flags=re.MULTILINE)
         return self._call("get_baseline_scores", {}, content=f"Family {task['family']}: writing the reference job.")
 
     def _read_tools(self, messages: list[Message]) -> Message:
