@@ -171,6 +171,9 @@ def summarize(rows: list[dict]) -> dict:
 
 def print_tables(summary: dict) -> None:
     for family, fam in summary.items():
+        if fam["best_pre"] is None:  # no cell of this family finished
+            console.print(f"{family}: no finished cell; failed: {[f['variant'] for f in fam['failed']]}")
+            continue
         t = Table(title=f"{family}: best_pre {fam['best_pre']:.3f} ({fam['best_pre_model']}); pre by model "
                         + ", ".join(f"{m} {v:.3f}" for m, v in fam["pre_by_model"].items()))
         for col in ("variant", "model", "pre", "post", "post−pre ± 2SE", "job_quality", "vs ref ± 2SE", "train s"):
