@@ -117,6 +117,9 @@ def run(args, out: Path) -> list[dict]:
             r = executor.run(job)
         except Exception as e:  # noqa: BLE001 - a benchmark records what broke and goes on
             r = JobResult(job_id=job.job_id, ok=False, error=f"{type(e).__name__}: {e}")
+        # Scored: its weights are of no further use, and 100 cells' checkpoints fill a 64 GiB disk
+        # (on 2026-12-03 two lr_1e-5 cells died saving theirs: "No space left on device").
+        shutil.rmtree(Path(job.run_dir) / "job" / "checkpoint", ignore_errors=True)
         with lock:
             rows.append(row(family, variant, seed, job, r, t0, time.monotonic() - start))
             save(args, rows)

@@ -2,13 +2,14 @@
 # The job-quality surface (bench/job_surface.py) on one H200 lease, pipelined with the staging calls:
 #   setsid bench/job_surface_h200.sh > /root/results/session.log 2>&1 < /dev/null &
 # once STAGE/smol.gguf.done and STAGE/qwen.gguf.done exist (the wheels in /tmp/site). The 0.5B and 135M
-# cells start at once (K = PACK under the jobs' MPS daemon); the 1.5B cells (one at a time beside them:
-# a 1.5B job peaks near 45 GiB) start when STAGE/qwen15.gguf.done appears. No cell starts after DEADLINE
+# cells start at once (K = PACK under the jobs' MPS daemon; at K = 6 beside a 1.5B job the GPU's 140 GiB
+# filled and a 1.5B and a 135M cell died of OOM on 2026-12-03); the 1.5B cells (one at a time beside
+# them: a 1.5B job peaks near 45 GiB) start when STAGE/qwen15.gguf.done appears. No cell starts after DEADLINE
 # seconds from the start. Results: R/surface-a.json, R/surface-b.json (every finished cell, as it ends).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 R=${RESULTS:-/root/results}; mkdir -p "$R"
-STAGE=${STAGE:-/root/stage} DEADLINE=${DEADLINE:-950} PACK=${PACK:-6}
+STAGE=${STAGE:-/root/stage} DEADLINE=${DEADLINE:-950} PACK=${PACK:-4}
 # The staging calls re-copy the working tree under this script's feet: run from a private copy.
 CODE=/root/code; rm -rf $CODE; mkdir -p $CODE; cp -r src bench examples configs pyproject.toml $CODE/; cd $CODE
 export AIT_HOME=${AIT_HOME:-/root/.ait} PYTHONUNBUFFERED=1 PYTHONPATH=$CODE/src:/tmp/site
