@@ -302,7 +302,8 @@ def evaluate(req: EvalRequest) -> EvalReport:
     # cuBLAS picks its GEMM algorithms by the workspace it can get; on a GPU filled by packed jobs that
     # choice can change between the pre and the post pass, and greedy decoding then flips near-ties: on
     # an H200 (2026-12-03) null jobs' identical weights decoded differently on up to 85 of 200 examples
-    # (scores within 2 SE). A fixed workspace fixes the algorithm (set before CUDA starts).
+    # (scores within 2 SE). A fixed workspace (set before CUDA starts) takes that variable away; whether
+    # it makes null jobs bit-exact is the next lease's to measure (bench/job_surface.py's controls).
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
