@@ -191,6 +191,32 @@ def print_tables(summary: dict) -> None:
             console.print(f"  [red]failed[/] {f['variant']}: {f['fail_reason']} {f['error'][-200:]}")
 
 
+def markdown(summary: dict) -> str:
+    """The per-family tables and the null-job table as Markdown (docs/surface.md)."""
+    out = []
+    for family, fam in summary.items():
+        if fam["best_pre"] is None:
+            continue
+        out += [f"**{family}**: best_pre {fam['best_pre']:.3f} ({fam['best_pre_model']})", "",
+                "| variant | base model | pre | post | post − pre ± 2 SE | job_quality | vs reference ± 2 SE | train s |",
+                "|---|---|---|---|---|---|---|---|"]
+        for c in sorted(fam["cells"], key=lambda c: -(c["job_quality"] or -9)):
+            vs = f"{c['vs_reference']:+.3f} ± {c['vs_reference_2se']:.3f}" if "vs_reference" in c else "(reference)"
+            out.append(f"| {c['variant']} | {c['base_model']} | {c['pre']:.3f} | {c['post']:.3f} | "
+                       f"{c['uplift']:+.3f} ± {c['uplift_2se']:.3f} | {c['job_quality']:.3f} | {vs} | "
+                       f"{c['train_s']:.0f} |")
+        out += [f"- did not finish: {f['variant']} ({f['fail_reason']})" for f in fam["failed"]] + [""]
+    out += ["| family | null job | base model | pre | post | post − pre ± 2 SE | outputs changed | weights changed |",
+            "|---|---|---|---|---|---|---|---|"]
+    for family, fam in summary.items():
+        for c in fam["cells"]:
+            if c["knob"] == "control":
+                out.append(f"| {family} | {c['variant'].split('@')[0]} | {c['base_model']} | {c['pre']:.3f} | "
+                           f"{c['post']:.3f} | {c['uplift']:+.3f} ± {c['uplift_2se']:.3f} | {c['outputs_changed']}/"
+                           f"200 | {c['weights_changed']} |")
+    return "\n".join(out) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--families", default=",".join(TRAINING_FAMILIES))
@@ -203,6 +229,7 @@ def main() -> int:
     p.add_argument("--model-override", default=None, help="train every cell on this model (CPU smoke: tiny)")
     p.add_argument("--out", default=None, help="work directory (default: a temp dir)")
     p.add_argument("--json", default=None, help="write every finished cell here")
+    p.add_argument("--markdown", action="store_true", help="with --table: print Markdown tables instead")
     p.add_argument("--table", nargs="+", default=None, help="print the tables of these finished --json files "
                    "(merged; with --json, write the merge and its summary there) and exit")
     args = p.parse_args()
@@ -215,7 +242,7 @@ def main() -> int:
             merged["fingerprints"] = {k: v for r in runs for k, v in r.get("fingerprints", {}).items()}
             Path(args.json).write_text(json.dumps({**merged, "sources": args.table, "cells": rows,
                                                    "summary": summary}, indent=1, default=str))
-        print_tables(summary)
+        print(markdown(summary)) if args.markdown else print_tables(summary)
         return 0
     args.families = [f for f in args.families.split(",") if f]
     args.variants = list(VARIANTS) if args.variants == "all" else [v for v in args.variants.split(",") if v]
