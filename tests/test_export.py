@@ -305,7 +305,7 @@ def test_workspace_without_env_py(tmp_path):
     ("[job]\nbase_model = \"tiny\"\n[train\n", "not valid TOML"),
     ("[job]\nbase_model = \"tiny\"\n[train]\nmax_steps = 4\nlearning_rate = 1e-3\nnum_generations = 4\n"
      "max_completion_length = 48\nbogus = 1\n", "bogus"),
-    ("[job]\nbase_model = \"tiny\"\n[train]\nmax_steps = 0\nlearning_rate = 1e-3\nnum_generations = 4\n"
+    ("[job]\nbase_model = \"tiny\"\n[train]\nmax_steps = -1\nlearning_rate = 1e-3\nnum_generations = 4\n"
      "max_completion_length = 48\n", "max_steps"),
 ])
 def test_invalid_job_toml(tmp_path, job_toml, message):
