@@ -2,8 +2,9 @@
 # The issue-7 measurements on the GPU machine, one stage per call (each fits one 10-minute call).
 #   bench/h200.sh calibrate | sidebyside FAMILY | pack FAMILY | uplift | importtime
 # Expects the staged GGUF files /root/stage/smol.gguf and /root/stage/qwen.gguf and the wheels in
-# /tmp/site (see ../shared/device/stage.sh); results go under $OUT. The hidden set's seed is fixed so
-# the committed baselines are reproducible: the same seed gives the same hidden examples anywhere.
+# /tmp/site (see ../shared/device/stage.sh); results go under $OUT. The hidden sets come from this
+# machine's own secret (no seed is fixed or committed): $OUT/fingerprints.json names them, so a result
+# is compared only with results on the same sets.
 # Output goes to $OUT/<stage>.log as it is produced (no pipe to tail: a call cut short by its time
 # limit still returns everything so far, and a time limit kills python itself, not just this shell,
 # so no job keeps running into the next call).
