@@ -33,9 +33,19 @@ def test_tool_calls_in_a_reply_are_parsed():
     # several objects one per line (how small models write parallel calls), fenced or not
     ('{"name": "a", "arguments": {"x": 1}}\n{"name": "b", "arguments": {"y": "}{"}}', [("a", {"x": 1}), ("b", {"y": "}{"})]),
     ('```json\n{"name": "a", "arguments": {}}\n\n{"name": "a", "arguments": {"k": 2}}\n```', [("a", {}), ("a", {"k": 2})]),
+    # what Qwen2.5-Coder-0.5B writes: the schema's required list and return spec copied into the call,
+    # and the result it imagines after it (dropped: the real result replaces it)
+    ('{"name": "get", "arguments": {"account": "cash", "required": ["account"]}}\n{"response": "1061"}',
+     [("get", {"account": "cash"})]),
+    ('{"name": "a", "arguments": {"index": 1, "required": ["index"]}, "return": {"type": "string"}}', [("a", {"index": 1})]),
+    # a "required" that is not an echo of the call's own keys is an argument, kept
+    ('{"name": "a", "arguments": {"required": ["x", "y"]}}', [("a", {"required": ["x", "y"]})]),
+    ('{"name": "a", "arguments": {"required": true}}', [("a", {"required": True})]),
     # anything else is prose, not calls: nothing is half-read
     ('{"name": "a", "arguments": {}}\nThe answer is 4', []),
     ('{"name": "a", "arguments": {}}\n{"name": "b"}', []),
+    ('{"response": "4"}', []),
+    ('{"name": "a", "arguments": {}, "extra": 1}', []),
     ('{"name": "a", "arguments": {}} {"name": 5, "arguments": {}}', []),
     ('[[{"name": "a", "arguments": {}}]]', []),
     ("", []),

@@ -66,7 +66,7 @@ def parse_reply(tokenizer, ids: list[int], text: str, prefix: list[int]) -> tupl
             except (json.JSONDecodeError, RecursionError):  # RecursionError: nested past the parser's depth
                 args = {}
         if isinstance(fn.get("name"), str) and isinstance(args, dict):
-            calls.append(ToolCall(name=fn["name"], arguments=args))
+            calls.append(ToolCall(name=fn["name"], arguments=without_schema_echo(args)))
     content = str(parsed.get("content") or "")
     if not calls and (bare := bare_tool_calls(content)):
         return "", bare
@@ -76,7 +76,9 @@ def parse_reply(tokenizer, ids: list[int], text: str, prefix: list[int]) -> tupl
 def bare_tool_calls(content: str) -> list[ToolCall]:
     """Tool calls written as bare JSON: one object, a list of objects, or several objects one
     after another (one per line, as small models write parallel calls), each exactly
-    {"name": str, "arguments": object}, optionally in a ``` fence; [] for anything else."""
+    {"name": str, "arguments": object} (schema keys copied beside them allowed), optionally in a ```
+    fence, and optionally followed by JSON objects with no "name" (imagined results, dropped);
+    [] for anything else."""
     text = content.strip()
     if text.startswith("```"):
         text = text.split("\n", 1)[1] if "\n" in text else ""
@@ -86,11 +88,30 @@ def bare_tool_calls(content: str) -> list[ToolCall]:
         items = items[0]
     calls = []
     for item in items:
-        if not (isinstance(item, dict) and set(item) == {"name", "arguments"} and isinstance(item["name"], str)
-                and isinstance(item["arguments"], dict)):
-            return []
-        calls.append(ToolCall(name=item["name"], arguments=item["arguments"]))
+        if not (isinstance(item, dict) and {"name", "arguments"} <= set(item) <= CALL_KEYS
+                and isinstance(item["name"], str) and isinstance(item["arguments"], dict)):
+            # JSON objects after the calls are the model imagining their results ({"response": ...}):
+            # the real results replace them. Anything else makes the reply plain text.
+            imagined = all(isinstance(rest, dict) and "name" not in rest for rest in items[len(calls):])
+            return calls if calls and imagined else []
+        calls.append(ToolCall(name=item["name"], arguments=without_schema_echo(item["arguments"])))
     return calls
+
+
+# Keys a bare call object may carry beside name and arguments: small models copy them from the tool's
+# JSON schema in the prompt ({"name": ..., "arguments": ..., "return": {"type": "string", ...}}).
+CALL_KEYS = {"name", "arguments", "type", "description", "return", "returns"}
+
+
+def without_schema_echo(args: dict) -> dict:
+    """The arguments without a copied `"required": ["index"]`: Qwen2.5-Coder-0.5B adds the schema's
+    required list to almost every call (on 2026-12-04, every ledger call of 8 examples, inline or not),
+    and a tool then fails on the unexpected keyword, so the model never sees a result. Only a list of
+    strings naming the call's own or no keys is dropped; a real argument called `required` is kept."""
+    echo = args.get("required")
+    if isinstance(echo, list) and all(isinstance(k, str) for k in echo) and set(echo) <= set(args) - {"required"}:
+        return {k: v for k, v in args.items() if k != "required"}
+    return args
 
 
 def _json_values(text: str) -> list:
