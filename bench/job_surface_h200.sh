@@ -10,6 +10,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 R=${RESULTS:-/root/results}; mkdir -p "$R"
 STAGE=${STAGE:-/root/stage} DEADLINE=${DEADLINE:-950} PACK=${PACK:-4}
+# What to run (defaults: the whole plan). VARIANTS: surface A's variants; FAMILIES; REPEAT (--repeat);
+# SURFACE_B=0 skips the 1.5B cells (when qwen15.gguf is not staged this lease).
+FAMILIES=${FAMILIES:-calc_chain,dispatch,ledger,multi_hop,string_pipeline} REPEAT=${REPEAT:-reference:2}
+SURFACE_B=${SURFACE_B:-1}
 # The staging calls re-copy the working tree under this script's feet: run from a private copy.
 CODE=/root/code; rm -rf $CODE; mkdir -p $CODE; cp -r src bench examples configs pyproject.toml $CODE/; cd $CODE
 export AIT_HOME=${AIT_HOME:-/root/.ait} PYTHONUNBUFFERED=1 PYTHONPATH=$CODE/src:/tmp/site
@@ -20,19 +24,19 @@ printf '[models]\n"smollm2-135m" = "%s/smol.gguf"\n"qwen2.5-coder-0.5b" = "%s/qw
 convert() { python3 -c "from ait.train.models import resolve_base_model as r; print(r('$1'))" > "$R/convert-$1.log" 2>&1 \
   && note "converted $1" || note "converting $1 failed: $(tail -1 "$R/convert-$1.log")"; }
 t0=$(date +%s)
-convert smollm2-135m & convert qwen2.5-coder-0.5b & wait
+[ -f "$STAGE/smol.gguf" ] && convert smollm2-135m & convert qwen2.5-coder-0.5b & wait
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,power.draw --format=csv -l 10 > "$R/gpu-monitor.csv" 2>/dev/null &
 python3 bench/fingerprints.py > "$R/fingerprints.json" 2>/dev/null || true  # the hidden sets, by fingerprint
 JOBS_MPS=/tmp/ait-jobs-mps; mkdir -p $JOBS_MPS /tmp/ait-jobs-mps-log
 if CUDA_MPS_PIPE_DIRECTORY=$JOBS_MPS CUDA_MPS_LOG_DIRECTORY=/tmp/ait-jobs-mps-log nvidia-cuda-mps-control -d; then
   export AIT_JOBS_MPS_PIPE_DIRECTORY=$JOBS_MPS; note "jobs' MPS daemon started"
 else note "no MPS daemon: packed jobs are time-sliced"; fi
-A_VARIANTS=$(python3 -c "from ait.policy.job_variants import VARIANTS; print(','.join(v for v in VARIANTS if v != 'model_qwen15'))")
+A_VARIANTS=${VARIANTS:-$(python3 -c "from ait.policy.job_variants import VARIANTS; print(','.join(v for v in VARIANTS if v != 'model_qwen15'))")}
 note "surface A starting ($A_VARIANTS)"
-python3 bench/job_surface.py --variants "$A_VARIANTS" --repeat reference:2 --pack "$PACK" --deadline-s "$DEADLINE" \
+python3 bench/job_surface.py --families "$FAMILIES" --variants "$A_VARIANTS" --repeat "$REPEAT" --pack "$PACK" --deadline-s "$DEADLINE" \
   --json "$R/surface-a.json" --out /root/work-a > "$R/surface-a.log" 2>&1 && note "surface A done" || note "surface A rc=$?" &
 a=$!
-(
+[ "$SURFACE_B" = 1 ] && (
   while [ ! -f "$STAGE/qwen15.gguf.done" ]; do sleep 5; done
   convert qwen2.5-coder-1.5b
   left=$(( DEADLINE - ($(date +%s) - t0) ))
@@ -41,5 +45,5 @@ a=$!
     --out /root/work-b > "$R/surface-b.log" 2>&1 && note "surface B done" || note "surface B rc=$?"
 ) &
 b=$!
-wait $a $b
+wait $a $b  # not a bare wait: the GPU monitor runs until the machine goes back
 touch "$R/ALL_DONE"; note "all done"
