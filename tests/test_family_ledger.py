@@ -104,7 +104,7 @@ def solve(prompt: str, call) -> str:
     if m := re.search(r"final balance of account '(\w+)'", prompt):
         return str(balance_after(n, m.group(1)))
     if m := re.search(r"balance of account '(\w+)' change", prompt):
-        opening = int(re.search(r": (-?\d+)", call("get_balance", account=m.group(1))).group(1))
+        opening = int(re.search(r": (-?\d+)", call("opening_balance", account=m.group(1))).group(1))
         return str(balance_after(n, m.group(1)) - opening)
     if "were rejected" in prompt:
         return str(sum(": rejected" in call("apply_transaction", index=i) for i in range(1, n + 1)))
@@ -197,12 +197,23 @@ def test_gold_trace_reaches_answer_and_uses_only_eval_tools():
     specs = {t.name: [p.name for p in t.parameters] for t in fmt.tools}
     for ex in examples(ALL_Q, 100, seed=8):
         trace = FAMILY.gold_trace(ex)
-        assert len(trace) >= 2
+        q = ex.world["question"]
+        assert len(trace) >= (2 if q["type"] == "net_change" else 1)
         assert len(trace) + 1 <= fmt.max_turns
+        outputs = []
         for c in trace:
             assert list(c.arguments) == specs[c.name]
-            assert not FAMILY.call_tool(ex.world, c).startswith("error")
-        assert trace[-1].name == "apply_transaction"
+            outputs.append(FAMILY.call_tool(ex.world, c))
+            assert not outputs[-1].startswith("error")
+        if q["type"] == "balance":  # one call shows the answer
+            assert [c.name for c in trace] == ["final_balance"]
+            assert outputs[0].startswith(f"Final balance of {q['account']}: {ex.answer} ")
+        elif q["type"] == "net_change":  # final minus opening, both read off the trace
+            final = int(re.search(r": (-?\d+)", outputs[0]).group(1))
+            opening = int(re.search(r": (-?\d+)", outputs[1]).group(1))
+            assert final - opening == int(ex.answer)
+        else:
+            assert trace[-1].name == "apply_transaction"
 
 
 # ---------------------------------------------------------------- solver and guessing on the hidden set
@@ -239,7 +250,7 @@ def test_single_tool_call_is_not_enough(monkeypatch):
     hits_open = hits_fixed = 0
     for ex in exs:
         acct = re.search(r"account '(\w+)'", ex.prompt).group(1)
-        opening = re.search(r": (-?\d+)", bound_call(ex.world)("get_balance", account=acct)).group(1)
+        opening = re.search(r": (-?\d+)", bound_call(ex.world)("opening_balance", account=acct)).group(1)
         hits_open += FAMILY.score(f"Answer: {opening}", ex.answer)
         out = FAMILY.call_tool(ex.world, ToolCall(name="apply_transaction", arguments={"index": 10}))
         if not out.startswith("error"):
@@ -307,7 +318,7 @@ def test_tool_outputs_on_a_hand_made_world():
                                                    "Balances after #3: checking=40, savings=99")
     assert call("apply_transaction", index="4").endswith("checking=47, savings=99")
     assert call("apply_transaction", index=2.0).startswith("#2 transfer 60 from checking to savings: applied.")
-    assert call("get_balance", account=" Savings ") == "Opening balance of savings: 50 (before transaction #1)"
+    assert call("opening_balance", account=" Savings ") == "Opening balance of savings: 50 (before transaction #1)"
     # order of calls does not matter: the ledger is always processed in order
     assert call("apply_transaction", index=3) == call("apply_transaction", index=3)
 
@@ -330,10 +341,10 @@ def test_balance_exactly_zero_is_allowed():
     ("apply_transaction", {"index": "9" * 500}),
     ("apply_transaction", {}),
     ("apply_transaction", {"index": 1, "extra": 2}),
-    ("get_balance", {"account": "bogus"}),
-    ("get_balance", {"account": ""}),
-    ("get_balance", {"account": None}),
-    ("get_balance", {"account": ["savings"]}),
+    ("opening_balance", {"account": "bogus"}),
+    ("opening_balance", {"account": ""}),
+    ("opening_balance", {"account": None}),
+    ("opening_balance", {"account": ["savings"]}),
     ("list_transactions", {"x": 1}),
     ("transfer", {"index": 1}),
 ])
@@ -348,7 +359,8 @@ def test_tools_never_raise_directly(world):
     tools = {fn.__name__: fn for fn in FAMILY.tools(world)}
     for bad in [0, 1, -3, "", "x", None, 2.5, True, [], {}, 10**30]:
         assert isinstance(tools["apply_transaction"](bad), str)
-        assert isinstance(tools["get_balance"](bad), str)
+        assert isinstance(tools["opening_balance"](bad), str)
+        assert isinstance(tools["final_balance"](bad), str)
     assert isinstance(tools["list_transactions"](), str)
 
 
@@ -429,7 +441,7 @@ def test_reference_env_matches_family_tools_and_prompt():
         env = env_mod.Environment()
         env.reset({"world": ex.world})
         calls = FAMILY.gold_trace(ex) + [ToolCall(name="apply_transaction", arguments={"index": 99}),
-                                         ToolCall(name="get_balance", arguments={"account": "nope"})]
+                                         ToolCall(name="opening_balance", arguments={"account": "nope"})]
         for c in calls:
             assert getattr(env, c.name)(**c.arguments) == FAMILY.call_tool(ex.world, c), c
 
@@ -556,7 +568,7 @@ def test_inline_prompt_states_the_tools_data(knobs):
         call = bound_call(ex.world)
         for name, value in ex.world["accounts"].items():
             assert f"{name}={value}" in ex.prompt
-            assert call("get_balance", account=name).endswith(f": {value} (before transaction #1)")
+            assert call("opening_balance", account=name).endswith(f": {value} (before transaction #1)")
         for line in call("list_transactions").splitlines()[1:]:
             assert f"\n{line}\n" in ex.prompt, (line, ex.prompt)
         assert read_inline(ex.prompt) == {k: ex.world[k] for k in ("accounts", "transactions")}
@@ -601,7 +613,8 @@ def test_inline_hidden_set_is_solvable_from_the_prompt_alone(monkeypatch):
 
 
 def test_non_inline_examples_and_format_are_unchanged():
-    """Pinned before the knob existed: examples (prompts, worlds, answers) and the eval format."""
+    """Pinned before the knob existed: examples (prompts, worlds, answers) and the eval format (its
+    digest re-pinned when final_balance joined the tools; the examples are unchanged)."""
     import hashlib
 
     def digest(obj) -> str:
@@ -609,10 +622,10 @@ def test_non_inline_examples_and_format_are_unchanged():
 
     pinned = {
         "default": ({}, "17e1aaa9e5ec6ac9f0a594caf759fb95dc86693eeffc8a40c06a5b73a9cb2f23",
-                    "f470d0d702d8f57e9a24f1778bc7a3f8ff427cc1088f9ac1edff0f448ab0d8e4"),
+                    "84cf57e531812289dcd25ef46c9e6eee3715730076b9ffaf663272271fa8c54f"),
         "wide": ({**ALL_Q, "n_accounts": 5, "max_transactions": 20},
                  "25c8f25450e5ebdaf3e75e112189f3cf14a94c4eab5f4fd469ff117b366bc338",
-                 "99c4fd4457c42d14c0104fbc6aeeab9216e4220a0eb0ba5444c5795a35bfb222"),
+                 "989378692b1bc5395f5ea269ac1a8af978e771533993ad0dd676b47c5ec8088d"),
     }
     for name, (knobs, ex_digest, fmt_digest) in pinned.items():
         for k in (knobs, {**knobs, "inline": False}):

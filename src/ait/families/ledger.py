@@ -6,7 +6,7 @@ opening balances and the transactions live in the world, reachable only through 
 tools: `list_transactions()` shows the raw list (and so its length), `apply_transaction(i)`
 processes the ledger in order through transaction #i and reports that transaction's
 outcome (applied / rejected, fee charged) and every balance right after it, and
-`get_balance(account)` gives an account's opening balance.
+`opening_balance(account)` gives an account's opening balance.
 
 Rules (stated in the prompt and the system prompt): a withdrawal or transfer that would
 make its source balance negative is rejected and skipped; a fee takes the given percent
@@ -18,7 +18,7 @@ state kept in a closure or written into the world would be lost or leak. "Proces
 through #i" is deterministic, which gives the same answers a stateful ledger would.
 
 Question types: `balance` (final balance of one account: list -> apply(last), 2 dependent
-calls), `net_change` (final minus opening, signed: also get_balance), `rejected` (how many
+calls), `net_change` (final minus opening, signed: also opening_balance), `rejected` (how many
 transactions were rejected: apply every index) and `fees` (total fees charged: apply every
 fee). The queried account always ends away from its opening balance, so the opening
 balance is never the answer to a balance question and a net change is never 0.
@@ -86,7 +86,7 @@ class LedgerDifficulty(InlineDifficulty):
     """Comma-separated question types drawn uniformly: balance, net_change, rejected, fees."""
     inline: bool = False
     """True: the question states the data, the opening balances and the numbered transaction list
-    (what get_balance and list_transactions return), plus the rules that apply and a nudge to work
+    (what opening_balance and list_transactions return), plus the rules that apply and a nudge to work
     it through; the system prompt says the data is in the question and the tools (unchanged) are
     optional; the gold answer is the same. False: the data lives only behind the tools. Left out
     of the dump while false (so existing specs and hidden-set seeds are unchanged)."""
@@ -203,7 +203,7 @@ def make_tools(world: dict[str, Any]) -> list[Callable[..., str]]:
             outcome = "applied"
         return f"#{i} {describe(tx)}: {outcome}. Balances after #{i}: {format_balances(balances)}"
 
-    def get_balance(account: str) -> str:
+    def opening_balance(account: str) -> str:
         """Look up an account's opening balance, before transaction #1 is processed.
 
         Args:
@@ -217,7 +217,22 @@ def make_tools(world: dict[str, Any]) -> list[Callable[..., str]]:
             return f"error: unknown account {str(account)[:40]!r}; accounts: {', '.join(sorted(accounts))}"
         return f"Opening balance of {name}: {accounts[name]} (before transaction #1)"
 
-    return [list_transactions, apply_transaction, get_balance]
+    def final_balance(account: str) -> str:
+        """Process the whole ledger, every transaction in order, and report an account's final balance.
+
+        Args:
+            account: The account name, e.g. 'savings'.
+
+        Returns:
+            The account's balance after the last transaction, as text.
+        """
+        name = str(account).strip().strip("'\"").lower()
+        if name not in accounts:
+            return f"error: unknown account {str(account)[:40]!r}; accounts: {', '.join(sorted(accounts))}"
+        balances, _ = process({"accounts": accounts, "transactions": txs}, n)
+        return f"Final balance of {name}: {balances[name]} (after all {n} transactions)"
+
+    return [list_transactions, apply_transaction, opening_balance, final_balance]
 
 
 # ---------------------------------------------------------------- generation
@@ -257,7 +272,8 @@ class Ledger(Family):
         "Stateful bookkeeping: a ledger holds a few accounts with opening balances and an ordered "
         "list of deposits, withdrawals, transfers and percentage fees; overdrawing withdrawals and "
         "transfers are rejected. The transactions are only reachable through tools: the model must "
-        "list them, process the ledger with apply_transaction (and look up opening balances) and "
+        "list them, process the ledger with apply_transaction or final_balance (and look up "
+        "opening balances) and "
         "report the asked integer (a final balance, a net change, a count of rejections or total fees)."
     )
     Difficulty = LedgerDifficulty
@@ -308,12 +324,13 @@ class Ledger(Family):
     def gold_trace(self, example: Example) -> list[ToolCall]:
         world = example.world
         q, n = world["question"], len(world["transactions"])
-        calls = [ToolCall(name="list_transactions", arguments={})]
-        if q["type"] == "net_change":
-            calls.append(ToolCall(name="get_balance", arguments={"account": q["account"]}))
         if q["type"] in ("balance", "net_change"):
-            indices = [n]
-        elif q["type"] == "rejected":
+            calls = [ToolCall(name="final_balance", arguments={"account": q["account"]})]
+            if q["type"] == "net_change":
+                calls.append(ToolCall(name="opening_balance", arguments={"account": q["account"]}))
+            return calls
+        calls = [ToolCall(name="list_transactions", arguments={})]
+        if q["type"] == "rejected":
             indices = list(range(1, n + 1))
         else:
             indices = [i for i, tx in enumerate(world["transactions"], 1) if tx["kind"] == "fee"]
@@ -346,11 +363,19 @@ class Ledger(Family):
                     example={"index": 1},
                 ),
                 ToolSpec(
-                    name="get_balance",
+                    name="opening_balance",
                     description="An account's opening balance, before transaction #1 (an unknown account "
                     "is an error listing the accounts).",
                     parameters=[ToolParam(name="account", type="string", description="account name, e.g. 'savings'")],
                     returns="e.g. 'Opening balance of savings: 1200 (before transaction #1)'",
+                    example={"account": "checking"},
+                ),
+                ToolSpec(
+                    name="final_balance",
+                    description="An account's final balance, after the whole ledger is processed (every "
+                    "transaction, in order; an unknown account is an error listing the accounts).",
+                    parameters=[ToolParam(name="account", type="string", description="account name, e.g. 'savings'")],
+                    returns="e.g. 'Final balance of savings: 940 (after all 9 transactions)'",
                     example={"account": "checking"},
                 ),
             ],
@@ -386,7 +411,8 @@ def system_prompt(inline: bool, fees: bool = True) -> str:
     return ("You are a careful bookkeeping assistant. The ledger's transactions are not in the "
             "question: call list_transactions to see them, apply_transaction to process the ledger "
             "in order through a transaction number (it reports that transaction's outcome and every "
-            "balance right after it), and get_balance for an account's opening balance. Rules: "
+            "balance right after it), final_balance for an account's balance after the whole ledger, and "
+            "opening_balance for an account's opening balance. Rules: "
             f"{RULES}. When done, reply with the final line 'Answer: <integer>'.")
 
 

@@ -2,7 +2,7 @@
 
     SYSTEM_PROMPT           the task's system prompt (the inline one when task.json sets inline: true)
     Environment             the task's tools: list_transactions(), apply_transaction(index),
-                            get_balance(account), reading info["world"] = {"ledger", "accounts",
+                            opening_balance(account), final_balance(account), reading info["world"] = {"ledger", "accounts",
                             "transactions", "question"}
     task_difficulty()       task.json's knobs: n_accounts, min_transactions, max_transactions,
                             fee_frequency, overdraft_probability, questions, inline
@@ -26,7 +26,8 @@ TOOLS_SYSTEM_PROMPT = (
     "You are a careful bookkeeping assistant. The ledger's transactions are not in the "
     "question: call list_transactions to see them, apply_transaction to process the ledger "
     "in order through a transaction number (it reports that transaction's outcome and every "
-    "balance right after it), and get_balance for an account's opening balance. Rules: "
+    "balance right after it), final_balance for an account's balance after the whole ledger, and "
+    "opening_balance for an account's opening balance. Rules: "
     f"{RULES}. When done, reply with the final line 'Answer: <integer>'."
 )
 
@@ -138,7 +139,7 @@ class Environment:
         shown = ", ".join(f"{k}={balances[k]}" for k in sorted(balances))
         return f"#{i} {_describe(tx)}: {outcome}. Balances after #{i}: {shown}"
 
-    def get_balance(self, account: str) -> str:
+    def opening_balance(self, account: str) -> str:
         """Look up an account's opening balance, before transaction #1 is processed.
 
         Args:
@@ -152,6 +153,23 @@ class Environment:
         if name not in accounts:
             return f"error: unknown account {str(account)[:40]!r}; accounts: {', '.join(sorted(accounts))}"
         return f"Opening balance of {name}: {accounts[name]} (before transaction #1)"
+
+    def final_balance(self, account: str) -> str:
+        """Process the whole ledger, every transaction in order, and report an account's final balance.
+
+        Args:
+            account: The account name, e.g. 'savings'.
+
+        Returns:
+            The account's balance after the last transaction, as text.
+        """
+        accounts = self.world.get("accounts") or {}
+        name = str(account).strip().strip("'\"").lower()
+        if name not in accounts:
+            return f"error: unknown account {str(account)[:40]!r}; accounts: {', '.join(sorted(accounts))}"
+        n = len(self.world.get("transactions") or [])
+        balances, _ = _run(self.world, n)
+        return f"Final balance of {name}: {balances[name]} (after all {n} transactions)"
 
 
 # ---------------------------------------------------------------- dataset
