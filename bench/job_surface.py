@@ -201,8 +201,10 @@ def markdown(summary: dict) -> str:
                 "| variant | base model | pre | post | post − pre ± 2 SE | job_quality | vs reference ± 2 SE | train s |",
                 "|---|---|---|---|---|---|---|---|"]
         for c in sorted(fam["cells"], key=lambda c: -(c["job_quality"] or -9)):
-            vs = f"{c['vs_reference']:+.3f} ± {c['vs_reference_2se']:.3f}" if "vs_reference" in c else "(reference)"
-            out.append(f"| {c['variant']} | {c['base_model']} | {c['pre']:.3f} | {c['post']:.3f} | "
+            vs = (f"{c['vs_reference']:+.3f} ± {c['vs_reference_2se']:.3f}" if "vs_reference" in c
+                  else "(reference)" if c["variant"] == "reference" and not c["seed"] else "-")
+            name = c["variant"] + (f"#{c['seed']}" if c["seed"] else "")
+            out.append(f"| {name} | {c['base_model']} | {c['pre']:.3f} | {c['post']:.3f} | "
                        f"{c['uplift']:+.3f} ± {c['uplift_2se']:.3f} | {c['job_quality']:.3f} | {vs} | "
                        f"{c['train_s']:.0f} |")
         out += [f"- did not finish: {f['variant']} ({f['fail_reason']})" for f in fam["failed"]] + [""]

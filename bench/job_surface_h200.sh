@@ -13,7 +13,10 @@ STAGE=${STAGE:-/root/stage} DEADLINE=${DEADLINE:-950} PACK=${PACK:-4}
 # What to run (defaults: the whole plan). VARIANTS: surface A's variants; FAMILIES; REPEAT (--repeat);
 # SURFACE_B=0 skips the 1.5B cells (when qwen15.gguf is not staged this lease).
 FAMILIES=${FAMILIES:-calc_chain,dispatch,ledger,multi_hop,string_pipeline} REPEAT=${REPEAT:-reference:2}
-SURFACE_B=${SURFACE_B:-1}
+SURFACE_B=${SURFACE_B:-1} B_FAMILIES=${B_FAMILIES:-calc_chain,dispatch,ledger,multi_hop,string_pipeline} B_PACK=${B_PACK:-1}
+# THEN_FAMILIES (with THEN_VARIANTS, THEN_REPEAT): a second 0.5B pass after surface A, to its own JSON
+# (surface-a2.json): e.g. the reference's repeats on the families whose ranking its seed decides.
+THEN_FAMILIES=${THEN_FAMILIES:-}
 # The staging calls re-copy the working tree under this script's feet: run from a private copy.
 CODE=/root/code; rm -rf $CODE; mkdir -p $CODE; cp -r src bench examples configs pyproject.toml $CODE/; cd $CODE
 export AIT_HOME=${AIT_HOME:-/root/.ait} PYTHONUNBUFFERED=1 PYTHONPATH=$CODE/src:/tmp/site
@@ -33,15 +36,24 @@ if CUDA_MPS_PIPE_DIRECTORY=$JOBS_MPS CUDA_MPS_LOG_DIRECTORY=/tmp/ait-jobs-mps-lo
 else note "no MPS daemon: packed jobs are time-sliced"; fi
 A_VARIANTS=${VARIANTS:-$(python3 -c "from ait.policy.job_variants import VARIANTS; print(','.join(v for v in VARIANTS if v != 'model_qwen15'))")}
 note "surface A starting ($A_VARIANTS)"
-python3 bench/job_surface.py --families "$FAMILIES" --variants "$A_VARIANTS" --repeat "$REPEAT" --pack "$PACK" --deadline-s "$DEADLINE" \
-  --json "$R/surface-a.json" --out /root/work-a > "$R/surface-a.log" 2>&1 && note "surface A done" || note "surface A rc=$?" &
+(
+  python3 bench/job_surface.py --families "$FAMILIES" --variants "$A_VARIANTS" --repeat "$REPEAT" --pack "$PACK" --deadline-s "$DEADLINE" \
+    --json "$R/surface-a.json" --out /root/work-a > "$R/surface-a.log" 2>&1 && note "surface A done" || note "surface A rc=$?"
+  if [ -n "$THEN_FAMILIES" ]; then
+    left=$(( DEADLINE - ($(date +%s) - t0) ))
+    note "surface A2 ($THEN_FAMILIES) starting, $left s to its deadline"
+    python3 bench/job_surface.py --families "$THEN_FAMILIES" --variants "${THEN_VARIANTS:-reference}" \
+      --repeat "${THEN_REPEAT:-reference:2}" --pack "$PACK" --deadline-s "$left" --json "$R/surface-a2.json" \
+      --out /root/work-a2 > "$R/surface-a2.log" 2>&1 && note "surface A2 done" || note "surface A2 rc=$?"
+  fi
+) &
 a=$!
 [ "$SURFACE_B" = 1 ] && (
   while [ ! -f "$STAGE/qwen15.gguf.done" ]; do sleep 5; done
   convert qwen2.5-coder-1.5b
   left=$(( DEADLINE - ($(date +%s) - t0) ))
   note "surface B (1.5B) starting, $left s to its deadline"
-  python3 bench/job_surface.py --variants model_qwen15 --pack 1 --deadline-s "$left" --json "$R/surface-b.json" \
+  python3 bench/job_surface.py --families "$B_FAMILIES" --variants model_qwen15 --pack "$B_PACK" --deadline-s "$left" --json "$R/surface-b.json" \
     --out /root/work-b > "$R/surface-b.log" 2>&1 && note "surface B done" || note "surface B rc=$?"
 ) &
 b=$!
