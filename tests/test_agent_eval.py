@@ -206,3 +206,21 @@ def test_paired_difference_matches_episodes_and_leaves_out_infra_errors():
     assert d.n == 2 and d.mean == pytest.approx(0.15)  # (0.2 - 0.1) and (0.7 - 0.5)
     # Paired: the spread of the differences (0.1, 0.2), not of the rewards themselves.
     assert d.se2 == pytest.approx(2 * (0.005 ** 0.5) / (2 ** 0.5))
+
+
+@pytest.mark.slow  # one whole episode in a subprocess (~40 s alone on 2 cores)
+def test_eval_without_plots_names_no_report_it_did_not_write(tmp_path):
+    """When the report cannot be drawn (matplotlib made unimportable here), `ait eval` still exits 0
+    with its table and results.json, says there is no report.html, and never claims one."""
+    blocker = tmp_path / "block"
+    (blocker / "matplotlib").mkdir(parents=True)
+    (blocker / "matplotlib" / "__init__.py").write_text("raise ImportError('matplotlib blocked by the test')\n")
+    out = tmp_path / "eval"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "ait.cli", "eval", "--policy", "reference", "--tasks",
+                           "calc_chain_fast", "--episodes", "1", "--eval-size", "8", "--out", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = " ".join((proc.stdout + proc.stderr).split())
+    assert (out / "results.json").is_file() and not (out / "report.html").exists()
+    assert "no report.html" in text and "report in" not in text, text[-1500:]

@@ -172,19 +172,22 @@ def run_plan(plan, out: Path, as_json: bool) -> None:
         err.print(f"[yellow]interrupted[/]: finished episodes kept in {escape(str(out))}; "
                   f"`ait eval --resume {escape(str(out))}` runs the rest", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
+    report_path: Path | None = out / "report.html"
     try:
-        write_eval_report(results, out / "report.html")
-    except RuntimeError as e:  # no matplotlib: the table and results.json still stand
+        write_eval_report(results, report_path)
+    except RuntimeError as e:  # the plots failed: the table and results.json still stand
         err.print(f"[yellow]no report.html[/]: {escape(str(e))}", highlight=False)
+        report_path = None
     if as_json:
         print(results.model_dump_json(indent=2))
     else:
-        print_results(results, out)
+        print_results(results, out, report_path if report_path and report_path.is_file() else None)
     if results.stopped:
         raise typer.Exit(1)
 
 
-def print_results(results, out: Path) -> None:
+def print_results(results, out: Path, report: Path | None) -> None:
+    """The summary table and where the files are; `report` None: no report was written (never named)."""
     from ait.agent_eval.report import fmt
 
     table = Table("task", "n", "infra", "reward", "validation", "job quality", "uplift", "speed", "valid rate",
@@ -202,8 +205,9 @@ def print_results(results, out: Path) -> None:
                   f"{(results.overall.wall_s.mean or 0):.1f}s", highlight=False)
     state = f"stopped ({results.stopped}) after {len(results.episodes)} of {results.planned}" if results.stopped \
         else f"{len(results.episodes)} episodes"
-    console.print(f"{state}; results in {escape(str(out / 'results.json'))}, report in "
-                  f"{escape(str(out / 'report.html'))}", highlight=False)
+    where = f"results in {escape(str(out / 'results.json'))}"
+    where += f", report in {escape(str(report))}" if report else " (no report.html)"
+    console.print(f"{state}; {where}", highlight=False)
 
 
 def compare_command(a_dir: Path, b_dir: Path, as_json: bool) -> None:

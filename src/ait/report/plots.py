@@ -79,7 +79,7 @@ def _figure(height: float = 3.4):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as e:
-        raise RuntimeError("the report's plots need matplotlib: pip install 'ait[report]'") from e
+        raise RuntimeError("the report's plots need matplotlib (a base dependency): pip install 'matplotlib>=3.8'") from e
     fig = Figure(figsize=(8.6, height), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
