@@ -103,7 +103,9 @@ def test_a_scripted_agent_on_loopback_every_way_an_episode_ends(tmp_path):
         out = tmp_path / "eval"
         proc = ait("eval", "--policy", "openai:scripted", "--base-url", agent.url, "--tasks", "calc_chain_fast",
                    "--episodes", "2", "--eval-size", "8", "--max-turns", "12", "--out", str(out), "--json",
-                   cwd=tmp_path)
+                   "--max-tokens", "777", "--request-timeout", "60", "--salvage-tool-calls", cwd=tmp_path)
+        chats = [r["body"] for r in agent.server.requests if "messages" in (r.get("body") or {})]
+        assert chats and all(b.get("max_tokens") == 777 for b in chats)  # ait episode's flags reach the policy
         slow = tmp_path / "slow"
         late = ait("eval", "--policy", "openai:scripted", "--base-url", agent.url, "--tasks", "calc_chain_fast",
                    "--episodes", "1", "--episode-timeout", "3", "--out", str(slow), "--json", cwd=tmp_path)
@@ -224,3 +226,24 @@ def test_eval_without_plots_names_no_report_it_did_not_write(tmp_path):
     text = " ".join((proc.stdout + proc.stderr).split())
     assert (out / "results.json").is_file() and not (out / "report.html").exists()
     assert "no report.html" in text and "report in" not in text, text[-1500:]
+
+
+def test_eval_and_episode_share_the_policy_settings_and_the_episode_config(tmp_path):
+    """One settings model for both commands' policy flags; `ait eval --config` is an EpisodeConfig
+    TOML under the flags, kept in the plan so a resume runs the same episodes."""
+    from ait.agent_eval.types import EvalPlan
+    from ait.harness.types import EpisodeConfig
+    from ait.policy.base import PolicySettings
+
+    shared = set(PolicySettings.model_fields)
+    assert shared <= set(EvalPlan.model_fields) and {"max_tokens", "request_timeout_s", "salvage_tool_calls"} <= shared
+    cfg = EpisodeConfig(max_turns=9, max_nudges=1, eval_size=50)
+    plan = EvalPlan(policy="reference", tasks=["calc_chain_fast"], episodes=1, episode=cfg, eval_size=8)
+    ep = plan.episode_config()
+    assert (ep.max_turns, ep.max_nudges, ep.eval_size, ep.run_group) == (9, 1, 8, "eval")
+    assert EvalPlan.model_validate_json(plan.model_dump_json()) == plan
+    bad = tmp_path / "bad.toml"
+    bad.write_text("max_turns = 0\nnot_a_key = 1\n")
+    proc = ait("eval", "--policy", "reference", "--tasks", "calc_chain_fast", "--config", str(bad),
+               "--out", str(tmp_path / "o"), cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr and "not_a_key" in proc.stderr, proc.stderr

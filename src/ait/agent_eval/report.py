@@ -74,7 +74,7 @@ def write_eval_report(results: EvalResults, path: Path) -> Path:
              f"</title><style>{STYLE}</style></head><body>",
              f"<h1>Agent eval: <code>{escape(plan.policy)}</code></h1>",
              f"<p class='muted'>{len(results.episodes)} of {results.planned} episodes · {plan.episodes} per task · "
-             f"executor {escape(plan.executor)}" + (f" · stopped: {escape(results.stopped)}" if results.stopped else "")
+             f"executor {escape(plan.episode_config().executor)}" + (f" · stopped: {escape(results.stopped)}" if results.stopped else "")
              + "</p>", "<h2>Per task (mean ± 2 standard errors; infra errors left out)</h2><table><tr>"]
     cols = ["task", "n", "infra", "reward", "validation", "job quality", "uplift", "speed", "valid rate",
             "job failures", "USD"]

@@ -7,33 +7,41 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from ait.contract import Strict
+from ait.harness.types import EpisodeConfig
+from ait.policy.base import PolicySettings
 
 
-class EvalPlan(Strict):
-    """What `ait eval` runs (written to OUT/plan.json; a resume must run the same plan)."""
+class EvalPlan(PolicySettings):
+    """What `ait eval` runs (written to OUT/plan.json; a resume must run the same plan): the policy
+    settings `ait episode` takes too (PolicySettings), the tasks and how many episodes."""
 
-    policy: str
-    """The agent: reference[:N], openai:MODEL or hf:PATH_OR_NAME."""
-    base_url: str | None = None
-    """OpenAI-compatible endpoint of an openai: policy."""
     tasks: list[str] = Field(min_length=1)
     """TaskSpec names or paths, in order."""
     episodes: int = Field(ge=1, le=1000)
     """Episodes per task."""
     concurrency: int = Field(default=1, ge=1, le=64)
     """Episodes at once (agent calls overlap; jobs go through the executor)."""
-    executor: Literal["inline", "queue", "local", "ray"] = "inline"
-    """How inner jobs run."""
+    executor: Literal["inline", "queue", "local", "ray"] | None = None
+    """How inner jobs run (default: the episode config's, inline)."""
     budget_usd: float | None = Field(default=None, ge=0)
     """Stop starting episodes once the eval's ledger reaches this (each episode also stops at it)."""
     eval_size: int | None = Field(default=None, ge=1)
     """Hidden examples per job (default: each spec's)."""
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    """Sampling temperature of an LLM policy."""
-    max_turns: int = Field(default=40, ge=1, le=1000)
-    """Policy turns per episode."""
+    max_turns: int | None = Field(default=None, ge=1, le=1000)
+    """Policy turns per episode (default: the episode config's, 40)."""
     episode_timeout_s: float | None = Field(default=None, gt=0)
     """Wall-clock limit per episode (scored as it stood)."""
+    episode: EpisodeConfig | None = None
+    """The episode settings of `--config` (an EpisodeConfig TOML, as `ait episode --config` reads);
+    the flags above override it."""
+
+    def episode_config(self) -> EpisodeConfig:
+        """Each episode's config: `episode`'s settings, this plan's flags over them, its own ledger group."""
+        base = (self.episode or EpisodeConfig()).model_dump()
+        flags = {"executor": self.executor, "eval_size": self.eval_size, "max_turns": self.max_turns,
+                 "timeout_s": self.episode_timeout_s, "run_budget_usd": self.budget_usd}
+        return EpisodeConfig.model_validate({**base, "run_group": "eval", "keep_checkpoints": False,
+                                             **{k: v for k, v in flags.items() if v is not None}})
 
 
 class EpisodeRow(BaseModel):

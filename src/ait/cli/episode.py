@@ -30,7 +30,8 @@ EXIT_NO_JOB, EXIT_BROKEN, EXIT_INTERRUPTED = 1, 3, 130
 BROKEN = {"policy_error", "infra_error"}
 FLAGS = {"eval_size": "--eval-size", "max_jobs": "--max-jobs", "budget_usd": "--budget-usd", "timeout_s": "--episode-timeout",
          "run_budget_usd": "--run-budget-usd", "executor": "--executor", "ray_address": "--ray-address",
-         "run_group": "--run-group"}
+         "run_group": "--run-group", "max_tokens": "--max-tokens", "request_timeout_s": "--request-timeout",
+         "temperature": "--temperature"}
 
 
 def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path or name (`ait tasks list`)."),
@@ -74,7 +75,7 @@ def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path
     from ait.harness.episode import EpisodeInterrupted, run_episode
     from ait.harness.types import EpisodeConfig
     from ait.metering import load_prices
-    from ait.policy.base import make_policy
+    from ait.policy.base import PolicySettings
     from ait.runs import runs_root
     from ait.sandbox import SandboxUnavailable, require_isolation
 
@@ -91,8 +92,12 @@ def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path
         except ValidationError as e:
             fail(flag_errors(e))
         load_prices(cfg.prices_path)  # a broken price file fails here, not mid-episode
-        agent = make_policy(policy, base_url=base_url, temperature=temperature, max_tokens=max_tokens,
-                            request_timeout_s=request_timeout, salvage_tool_calls=salvage_tool_calls)
+        try:
+            settings = PolicySettings(policy=policy, base_url=base_url, temperature=temperature, max_tokens=max_tokens,
+                                      request_timeout_s=request_timeout, salvage_tool_calls=salvage_tool_calls)
+        except ValidationError as e:
+            fail(flag_errors(e))
+        agent = settings.make()
         if base_model is not None:
             from ait.policy.reference import ReferencePolicy
 

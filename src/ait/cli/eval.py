@@ -60,11 +60,19 @@ def eval_command(ctx: typer.Context,
                                                  "arguments), or `all`: one per family."),
                  episodes: int = typer.Option(2, min=1, max=1000, help="Episodes per task."),
                  concurrency: int = typer.Option(1, min=1, max=64, help="Episodes at once."),
-                 executor: str = typer.Option("inline", help="How inner jobs run: inline, queue, local or ray."),
+                 executor: Optional[str] = typer.Option(None, help="How inner jobs run: inline (default), queue, local or ray."),
                  budget_usd: Optional[float] = typer.Option(None, min=0.0, help="Stop starting episodes past this."),
                  eval_size: Optional[int] = typer.Option(None, min=1, help="Hidden examples per job."),
                  temperature: Optional[float] = typer.Option(None, min=0.0, max=2.0, help="LLM sampling temperature."),
-                 max_turns: int = typer.Option(40, min=1, max=1000, help="Policy turns per episode."),
+                 max_tokens: Optional[int] = typer.Option(None, min=1, help="Most tokens an LLM policy may reply with."),
+                 request_timeout: Optional[float] = typer.Option(None, min=0.1, help="Seconds an openai: request may "
+                                                                 "take before it is retried (default 120)."),
+                 salvage_tool_calls: bool = typer.Option(False, "--salvage-tool-calls", help="openai: read tool calls "
+                                                         "a model writes as text (bare JSON, <tool_call> tags)."),
+                 config: Optional[Path] = typer.Option(None, help="EpisodeConfig TOML for every episode (as `ait "
+                                                       "episode --config`); the flags override it."),
+                 max_turns: Optional[int] = typer.Option(None, min=1, max=1000, help="Policy turns per episode "
+                                                         "(default 40)."),
                  episode_timeout: Optional[float] = typer.Option(None, min=1.0, help="Wall-clock limit per episode "
                                                                  "(seconds; scored as it stood)."),
                  out: Optional[Path] = typer.Option(None, help="Output directory (default runs/eval-<time>)."),
@@ -87,10 +95,18 @@ def eval_command(ctx: typer.Context,
     else:
         names = [t for group in (tasks or []) + extra for t in group.split(",") if t]
         names = all_tasks() if names in ([], ["all"]) else names
+        from ait.configs import ConfigError, load_config
+        from ait.harness.types import EpisodeConfig
+
         try:
-            plan = EvalPlan(policy=policy, base_url=base_url, tasks=names, episodes=episodes, concurrency=concurrency,
-                            executor=executor, budget_usd=budget_usd, eval_size=eval_size, temperature=temperature,
-                            max_turns=max_turns, episode_timeout_s=episode_timeout)
+            episode_cfg = load_config(config, EpisodeConfig) if config else None
+            plan = EvalPlan(policy=policy, base_url=base_url, temperature=temperature, max_tokens=max_tokens,
+                            request_timeout_s=request_timeout, salvage_tool_calls=salvage_tool_calls, tasks=names,
+                            episodes=episodes, concurrency=concurrency, executor=executor, budget_usd=budget_usd,
+                            eval_size=eval_size, max_turns=max_turns, episode_timeout_s=episode_timeout,
+                            episode=episode_cfg)
+        except ConfigError as e:
+            fail(str(e))
         except ValidationError as e:
             from ait.cli.episode import flag_errors
 
@@ -106,9 +122,10 @@ def policy_factory(plan):
     episode's policy: loading it from several threads at once races on torch's process-wide default
     dtype (seen on an H200: bf16 and fp32 weights mixed in one model, "mat1 and mat2 must have the
     same dtype"), and one copy of the weights serves every episode's generate calls."""
-    from ait.policy.base import make_policy
+    from ait.policy.base import PolicySettings
 
-    first = make_policy(plan.policy, base_url=plan.base_url, temperature=plan.temperature)
+    settings = PolicySettings.model_validate(plan.model_dump(include=set(PolicySettings.model_fields)))
+    first = settings.make()
     if problem := getattr(first, "preflight", lambda: None)():  # an openai: endpoint that cannot serve
         raise ValueError(problem)
     if plan.policy.startswith("hf:"):
@@ -117,7 +134,7 @@ def policy_factory(plan):
         name, loaded = plan.policy.split(":", 1)[1], (first.model, first.tokenizer)
         return lambda: HFPolicy(name, loaded=loaded, temperature=first.temperature,
                                 max_new_tokens=first.max_new_tokens)
-    return lambda: make_policy(plan.policy, base_url=plan.base_url, temperature=plan.temperature)
+    return settings.make
 
 
 def load_plan(out: Path):
@@ -138,7 +155,6 @@ def run_plan(plan, out: Path, as_json: bool) -> None:
     from ait.agent_eval.runner import finished, run_eval
     from ait.cli.episode import progress_reporter, writable_dir
     from ait.harness.episode import run_episode
-    from ait.harness.types import EpisodeConfig
     from ait.sandbox import SandboxUnavailable, require_isolation
 
     specs = [load_task(t) for t in plan.tasks]
@@ -155,9 +171,7 @@ def run_plan(plan, out: Path, as_json: bool) -> None:
         err.print(f"resuming: {done} of {len(specs) * plan.episodes} episodes already finished in "
                   f"{escape(str(out))}", highlight=False, soft_wrap=True)
 
-    config = EpisodeConfig(executor=plan.executor, eval_size=plan.eval_size, max_turns=plan.max_turns,
-                           timeout_s=plan.episode_timeout_s, run_budget_usd=plan.budget_usd, run_group="eval",
-                           keep_checkpoints=False)
+    config = plan.episode_config()
     stopping = threading.Event()
 
     def play(spec, path, runs, run_id):

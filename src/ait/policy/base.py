@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from pydantic import Field
+
+from ait.contract import Strict
 from ait.harness.types import Message
 from ait.spec import TaskSpec
 
@@ -27,6 +30,29 @@ class Policy(Protocol):
 
     def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
         """Return the next assistant message given the conversation and the tool schemas."""
+
+
+class PolicySettings(Strict):
+    """The agent and how it is called: the one place `ait episode` and `ait eval` (EvalPlan extends it)
+    read their policy flags from, so the two commands take the same settings with the same bounds."""
+
+    policy: str = "reference"
+    """reference[:N], openai:MODEL or hf:PATH_OR_NAME."""
+    base_url: str | None = None
+    """OpenAI-compatible endpoint of an openai: policy."""
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    """Sampling temperature of an LLM policy."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Most tokens an LLM policy may reply with."""
+    request_timeout_s: float | None = Field(default=None, ge=0.1)
+    """Seconds one openai: request may take before it is retried (default 120)."""
+    salvage_tool_calls: bool = False
+    """openai: read tool calls a model writes as text (bare JSON, <tool_call> tags)."""
+
+    def make(self) -> Policy:
+        return make_policy(self.policy, base_url=self.base_url, temperature=self.temperature,
+                           max_tokens=self.max_tokens, request_timeout_s=self.request_timeout_s,
+                           salvage_tool_calls=self.salvage_tool_calls)
 
 
 def make_policy(spec: str | None, *, base_url: str | None = None, temperature: float | None = None,
