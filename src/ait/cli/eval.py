@@ -122,10 +122,7 @@ def policy_factory(plan):
     episode's policy: loading it from several threads at once races on torch's process-wide default
     dtype (seen on an H200: bf16 and fp32 weights mixed in one model, "mat1 and mat2 must have the
     same dtype"), and one copy of the weights serves every episode's generate calls."""
-    from ait.policy.base import PolicySettings
-
-    settings = PolicySettings.model_validate(plan.model_dump(include=set(PolicySettings.model_fields)))
-    first = settings.make()
+    first = plan.make()  # an EvalPlan is the PolicySettings `ait episode` reads too
     if problem := getattr(first, "preflight", lambda: None)():  # an openai: endpoint that cannot serve
         raise ValueError(problem)
     if plan.policy.startswith("hf:"):
@@ -134,7 +131,7 @@ def policy_factory(plan):
         name, loaded = plan.policy.split(":", 1)[1], (first.model, first.tokenizer)
         return lambda: HFPolicy(name, loaded=loaded, temperature=first.temperature,
                                 max_new_tokens=first.max_new_tokens)
-    return settings.make
+    return plan.make
 
 
 def load_plan(out: Path):
@@ -186,16 +183,15 @@ def run_plan(plan, out: Path, as_json: bool) -> None:
         err.print(f"[yellow]interrupted[/]: finished episodes kept in {escape(str(out))}; "
                   f"`ait eval --resume {escape(str(out))}` runs the rest", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
-    report_path: Path | None = out / "report.html"
+    report: Path | None = None
     try:
-        write_eval_report(results, report_path)
+        report = write_eval_report(results, out / "report.html")
     except RuntimeError as e:  # the plots failed: the table and results.json still stand
         err.print(f"[yellow]no report.html[/]: {escape(str(e))}", highlight=False)
-        report_path = None
     if as_json:
         print(results.model_dump_json(indent=2))
     else:
-        print_results(results, out, report_path if report_path and report_path.is_file() else None)
+        print_results(results, out, report)
     if results.stopped:
         raise typer.Exit(1)
 

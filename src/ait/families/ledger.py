@@ -5,8 +5,9 @@ transactions in order (...), what is the final balance of account 'savings'?" Th
 opening balances and the transactions live in the world, reachable only through the
 tools: `list_transactions()` shows the raw list (and so its length), `apply_transaction(i)`
 processes the ledger in order through transaction #i and reports that transaction's
-outcome (applied / rejected, fee charged) and every balance right after it, and
-`opening_balance(account)` gives an account's opening balance.
+outcome (applied / rejected, fee charged) and every balance right after it,
+`opening_balance(account)` gives an account's opening balance and `final_balance(account)` its
+balance after the whole ledger.
 
 Rules (stated in the prompt and the system prompt): a withdrawal or transfer that would
 make its source balance negative is rejected and skipped; a fee takes the given percent
@@ -17,8 +18,8 @@ for every call (`Family.call_tool`) and reuses one world for the pre and post ev
 state kept in a closure or written into the world would be lost or leak. "Processing
 through #i" is deterministic, which gives the same answers a stateful ledger would.
 
-Question types: `balance` (final balance of one account: list -> apply(last), 2 dependent
-calls), `net_change` (final minus opening, signed: also opening_balance), `rejected` (how many
+Question types: `balance` (final balance of one account: one final_balance call), `net_change`
+(final minus opening, signed: final_balance and opening_balance), `rejected` (how many
 transactions were rejected: apply every index) and `fees` (total fees charged: apply every
 fee). The queried account always ends away from its opening balance, so the opening
 balance is never the answer to a balance question and a net change is never 0.
@@ -160,6 +161,14 @@ def as_index(value: Any) -> int | None:
     return None
 
 
+def account_name(account: Any, accounts: dict[str, int]) -> tuple[str, str | None]:
+    """(the account's name as the ledger spells it, None), or (that name, an error listing the accounts)."""
+    name = str(account).strip().strip("'\"").lower()
+    if name in accounts:
+        return name, None
+    return name, f"error: unknown account {str(account)[:40]!r}; accounts: {', '.join(sorted(accounts))}"
+
+
 def make_tools(world: dict[str, Any]) -> list[Callable[..., str]]:
     txs = world.get("transactions") or []
     accounts = world.get("accounts") or {}
@@ -212,9 +221,9 @@ def make_tools(world: dict[str, Any]) -> list[Callable[..., str]]:
         Returns:
             The opening balance as text.
         """
-        name = str(account).strip().strip("'\"").lower()
-        if name not in accounts:
-            return f"error: unknown account {str(account)[:40]!r}; accounts: {', '.join(sorted(accounts))}"
+        name, error = account_name(account, accounts)
+        if error:
+            return error
         return f"Opening balance of {name}: {accounts[name]} (before transaction #1)"
 
     def final_balance(account: str) -> str:
@@ -226,9 +235,9 @@ def make_tools(world: dict[str, Any]) -> list[Callable[..., str]]:
         Returns:
             The account's balance after the last transaction, as text.
         """
-        name = str(account).strip().strip("'\"").lower()
-        if name not in accounts:
-            return f"error: unknown account {str(account)[:40]!r}; accounts: {', '.join(sorted(accounts))}"
+        name, error = account_name(account, accounts)
+        if error:
+            return error
         balances, _ = process({"accounts": accounts, "transactions": txs}, n)
         return f"Final balance of {name}: {balances[name]} (after all {n} transactions)"
 

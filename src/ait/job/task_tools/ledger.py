@@ -89,6 +89,13 @@ def _index(value):
     return None
 
 
+def _account(account, accounts):
+    name = str(account).strip().strip("'\"").lower()
+    if name in accounts:
+        return name, None
+    return name, f"error: unknown account {str(account)[:40]!r}; accounts: {', '.join(sorted(accounts))}"
+
+
 class Environment:
     def __init__(self):
         self.world = {}
@@ -149,9 +156,9 @@ class Environment:
             The opening balance as text.
         """
         accounts = self.world.get("accounts") or {}
-        name = str(account).strip().strip("'\"").lower()
-        if name not in accounts:
-            return f"error: unknown account {str(account)[:40]!r}; accounts: {', '.join(sorted(accounts))}"
+        name, error = _account(account, accounts)
+        if error:
+            return error
         return f"Opening balance of {name}: {accounts[name]} (before transaction #1)"
 
     def final_balance(self, account: str) -> str:
@@ -164,9 +171,9 @@ class Environment:
             The account's balance after the last transaction, as text.
         """
         accounts = self.world.get("accounts") or {}
-        name = str(account).strip().strip("'\"").lower()
-        if name not in accounts:
-            return f"error: unknown account {str(account)[:40]!r}; accounts: {', '.join(sorted(accounts))}"
+        name, error = _account(account, accounts)
+        if error:
+            return error
         n = len(self.world.get("transactions") or [])
         balances, _ = _run(self.world, n)
         return f"Final balance of {name}: {balances[name]} (after all {n} transactions)"
