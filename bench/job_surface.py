@@ -38,7 +38,7 @@ from ait.evals.paired import paired, quality_slope
 from ait.job import task_tools
 from ait.job.config import parse_job_config
 from ait.job.types import Job, JobResult
-from ait.policy.job_variants import REFERENCE_MODEL, VARIANTS, Variant, null_of, variant_job
+from ait.policy.job_variants import REFERENCE_MODEL, VARIANTS, Variant, null_of, resolve_variant, variant_job
 from ait.reward import job_quality
 from ait.spec import load_spec
 
@@ -50,15 +50,18 @@ console = Console(width=max(140, Console().width))
 def cells(families: list[str], names: list[str], repeats: dict[str, int]) -> list[tuple[str, Variant, int]]:
     """(family, variant, seed) in the order they start: controls and the reference job of every family,
     then each other variant across families, then each base model's null job, then repeats."""
-    chosen = [VARIANTS[n] for n in names]
+    chosen = [resolve_variant(n) for n in names]
     first = [v for v in chosen if v.name in ("null_lr0", "reference")]
-    later = []
+    later, nulls = [], set()
     for v in chosen:
-        if v not in first:  # a variant on another base model is followed by that model's null job
-            later += [v, null_of(v)] if v.base_model and v.base_model != REFERENCE_MODEL else [v]
+        if v not in first:  # a variant on another base model is followed by that model's null job, once
+            later.append(v)
+            if v.base_model and v.base_model != REFERENCE_MODEL and v.base_model not in nulls:
+                later.append(null_of(v))
+                nulls.add(v.base_model)
     out = [(f, v, 0) for v in first for f in families] + [(f, v, 0) for v in later for f in families]
     for name, times in repeats.items():
-        out += [(f, VARIANTS[name], seed) for seed in range(1, times + 1) for f in families]
+        out += [(f, resolve_variant(name), seed) for seed in range(1, times + 1) for f in families]
     return out
 
 
@@ -254,7 +257,7 @@ def main() -> int:
     from ait.train.models import resolve_base_model
 
     for name in sorted({args.model_override} if args.model_override else
-                       {VARIANTS[v].base_model or REFERENCE_MODEL for v in args.variants}):
+                       {resolve_variant(v).base_model or REFERENCE_MODEL for v in args.variants}):
         t0 = time.monotonic()
         m = resolve_base_model(name)  # a GGUF is dequantised here, before any clock starts
         console.print(f"base model {name}: {m.source}, sha256 {m.sha256[:12]} ({time.monotonic() - t0:.1f}s)")

@@ -72,6 +72,26 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in [
 ]}
 
 
+def resolve_variant(name: str) -> Variant:
+    """A variant by name; "a+b" turns the knobs of both (model_qwen15+lr_3e-6: the 1.5B at lr 3e-6), for
+    the surface of a base model other than the reference's. Only named variants combine, never a control."""
+    parts = name.split("+")
+    unknown = [p for p in parts if p not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown job variant {unknown[0]!r}; known: {', '.join(VARIANTS)} (combine two with '+')")
+    if len(parts) == 1:
+        return VARIANTS[name]
+    chosen = [VARIANTS[p] for p in parts]
+    if any(v.control for v in chosen):
+        raise ValueError(f"{name!r}: a control (null_*) variant does not combine")
+    models = {v.base_model for v in chosen if v.base_model}
+    keys = [k for v in chosen for k in v.train]
+    if len(models) > 1 or len(keys) != len(set(keys)):
+        raise ValueError(f"{name!r} turns one knob twice; combine variants that turn different knobs")
+    return Variant(name, {k: val for v in chosen for k, val in v.train.items()}, base_model=next(iter(models), None),
+                   partial_credit=all(v.partial_credit for v in chosen), knob="+".join(v.knob for v in chosen))
+
+
 def null_of(variant: Variant) -> Variant:
     """The control for `variant`'s base model: the same job at learning rate 0."""
     return Variant(f"null_lr0@{variant.base_model or REFERENCE_MODEL}", {"learning_rate": 0.0},

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 22's arc on one H200, a lease at a time (the machine is gone after ~30 minutes):
-#   setsid bench/gpu_issue22.sh > /root/results/session.log 2>&1 < /dev/null &
+# The outer-loop arc on one H200, a lease at a time (the machine is gone after ~30 minutes):
+#   setsid bench/arc_h200.sh > /root/results/session.log 2>&1 < /dev/null &
 # Expects the wheels in /tmp/site and the staged GGUFs: STAGE/smol.gguf (STAGE default /root/stage), qwen.gguf (the inner jobs'
 # base models) and qwen15.gguf (the agent), each followed by FILE.done (as bench/gpu_issue21.sh's calls
 # make them). With STAGE/bundle/ (the last lease's bundle, carried back in as .arc/ pieces and
