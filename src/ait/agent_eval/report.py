@@ -75,7 +75,8 @@ def write_eval_report(results: EvalResults, path: Path) -> Path:
              f"<h1>Agent eval: <code>{escape(plan.policy)}</code></h1>",
              f"<p class='muted'>{len(results.episodes)} of {results.planned} episodes · {plan.episodes} per task · "
              f"executor {escape(plan.episode_config().executor)}" + (f" · stopped: {escape(results.stopped)}" if results.stopped else "")
-             + "</p>", "<h2>Per task (mean ± 2 standard errors; infra errors left out)</h2><table><tr>"]
+             + "</p>", "<h2>Per task (mean ± 2 standard errors, never below the binomial 2 SE at p = 1/(2n); "
+             "infra errors left out)</h2><table><tr>"]
     cols = ["task", "n", "infra", "reward", "validation", "job quality", "uplift", "speed", "valid rate",
             "job failures", "USD"]
     parts += [f"<th>{c}</th>" for c in cols] + ["</tr>"]

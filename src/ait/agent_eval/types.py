@@ -87,9 +87,13 @@ class Stat(BaseModel):
     mean: float | None
     """Mean over the episodes (None: none)."""
     se2: float | None
-    """Two standard errors of the mean (None: fewer than two episodes)."""
+    """Two standard errors of the mean (None: fewer than two episodes), never below the floor of
+    ait.agent_eval.stats.se_floor (a sample with no spread still has noise)."""
     n: int
     """Episodes it is over."""
+    se2_raw: float | None = None
+    """Two standard errors as the sample's spread alone gives them, before the floor (None: fewer than
+    two episodes, or results written before the floor)."""
 
 
 class Summary(BaseModel):

@@ -23,7 +23,8 @@ apart). Writes OUT/results.json and OUT/report.html; `--resume OUT` finishes an 
 killed or interrupted without running its finished episodes again.
 
     ait eval --policy reference --tasks calc_chain_fast dispatch --episodes 2
-    ait eval compare OUT_A OUT_B        per-task differences, with their noise
+    ait eval compare OUT_A OUT_B        per-task differences with their noise, paired by episode
+                                        where both evals played the same ones
 """
 
 
@@ -221,7 +222,7 @@ def print_results(results, out: Path, report: Path | None) -> None:
 
 
 def compare_command(a_dir: Path, b_dir: Path, as_json: bool) -> None:
-    from ait.agent_eval.compare import compare
+    from ait.agent_eval.compare import compare, pairing, same_evaluation
     from ait.agent_eval.types import EvalResults
 
     loaded = []
@@ -231,16 +232,25 @@ def compare_command(a_dir: Path, b_dir: Path, as_json: bool) -> None:
         except (OSError, ValueError) as e:
             fail(f"{d / 'results.json'} cannot be read as eval results ({type(e).__name__})")
     diffs = compare(*loaded)
+    warnings = [w for w in [same_evaluation(*loaded, a_dir, b_dir)] if w]
+    for w in warnings:  # on stderr in both modes: --json's stdout stays one document
+        err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
     if as_json:
-        print(json.dumps([d.model_dump() for d in diffs], indent=2))
+        print(json.dumps({"warnings": warnings, "differences": [d.model_dump() for d in diffs]}, indent=2))
         return
-    table = Table("task", "quantity", "A", "B", "B − A", "± 2 SE", "verdict",
+    table = Table("task", "quantity", "A", "B", "B − A", "± 2 SE", "verdict", "compared",
                   title=f"A = {escape(loaded[0].plan.policy)} ({escape(str(a_dir))}), "
                         f"B = {escape(loaded[1].plan.policy)} ({escape(str(b_dir))})", title_justify="left")
     for d in diffs:
         table.add_row(escape(d.task), d.key, signed(d.a), signed(d.b), signed(d.delta),
-                      "-" if d.noise is None else f"{d.noise:.3f}", d.verdict)
+                      "-" if d.noise is None else f"{d.noise:.3f}", d.verdict, pairing(d))
     (console if console.is_terminal else Console(width=200)).print(table)
+    overall = diffs[-1]  # "all tasks"
+    how = (f"paired by episode (task, run id) over {overall.pairs} pairs"
+           + (f", {overall.left_out} episode(s) without a partner left out" if overall.left_out else "")
+           if overall.paired else "unpaired (no common episodes to pair): independent samples, Welch SE")
+    console.print(f"all tasks {how}; 2 SE never below the binomial 2 SE at p = 1/(2n)", highlight=False,
+                  soft_wrap=True)
 
 
 def signed(x: float | None) -> str:
