@@ -2,7 +2,7 @@
 # The outer-loop arc on one H200, a lease at a time (the machine is gone after ~30 minutes):
 #   setsid bench/arc_h200.sh > /root/results/session.log 2>&1 < /dev/null &
 # Expects the wheels in /tmp/site and the staged GGUFs: STAGE/smol.gguf (STAGE default /root/stage), qwen.gguf (the inner jobs'
-# base models) and qwen15.gguf (the agent), each followed by FILE.done (as bench/gpu_issue21.sh's calls
+# base models) and qwen15.gguf (the agent), each followed by FILE.done (as bench/inner_job_h200.sh's calls
 # make them). With STAGE/bundle/ (the last lease's bundle, carried back in as .arc/ pieces and
 # joined there) the arc resumes from it; otherwise it starts: warm start, held-out triage at step 0.
 # Every new checkpoint is packed as /root/results/bundle.tar.part-* (15 MiB pieces, at most 5 for the

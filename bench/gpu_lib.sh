@@ -1,4 +1,4 @@
-# Shared by the GPU session scripts (bench/gpu_issue21.sh, gpu_issue22.sh, h200_session.sh), sourced
+# Shared by the GPU session scripts (bench/inner_job_h200.sh, arc_h200.sh, h200_session.sh, lease_h200.sh), sourced
 # from the project root once R (the results folder) is set.
 note() { echo "$(date -u +%H:%M:%S) $*" >> "$R/progress.log"; }
 start_mps() {  # the CUDA MPS daemon, so that packed jobs' kernels run side by side (a no-op while it runs)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 21 on one H200, in one background run: today's code against an earlier commit's, and packing.
-#   setsid bench/gpu_issue21.sh > /root/results/session.log 2>&1 < /dev/null &
+# The inner job on one H200, in one background run: today's code against an earlier commit's, and packing.
+#   setsid bench/inner_job_h200.sh > /root/results/session.log 2>&1 < /dev/null &
 # Expects /root/stage/smol.gguf (SmolLM2-135M-Instruct, ../shared/device/stage.sh smollm2), the wheels
 # in /tmp/site, and the earlier commit's src/ at $BASELINE_SRC (default ../baseline/src). Stages:
 #   ab      the standard job alone: earlier code (cold start), today's cold, today's with --warm-start x2
