@@ -99,7 +99,8 @@ class FakeExecutor:
 def ok_result(pre: float = 0.3, post: float = 0.6, train_seconds: float = 150.0) -> Callable[[Job], JobResult]:
     return lambda job: JobResult(job_id=job.job_id, ok=True, base_model=job.config.job.base_model, pre=pre,
                                  base_model_sha256=weights_of(job.config.job.base_model),
-                                 post=post, eval_n=200, train_seconds=train_seconds, total_seconds=train_seconds + 5)
+                                 post=post, eval_n=job.eval_size or 200, train_seconds=train_seconds,
+                                 total_seconds=train_seconds + 5)  # scored on the set the job was given, as run_job is
 
 
 def crash_result(job: Job) -> JobResult:
@@ -558,3 +559,20 @@ def test_the_reference_with_a_slip_recovers_in_a_real_episode(env, spec: TaskSpe
     assert result.reward.validation == pytest.approx(1 - 1 / spec.max_submission_attempts)
     edits = tool_results(result, "edit_file")
     assert len(edits) == 1 and edits[0].startswith("edited env.py")
+
+
+def test_baseline_scores_name_the_set_the_job_is_scored_on(env, spec: TaskSpec) -> None:
+    """An episode whose eval_size overrides the spec's is scored on that smaller set: get_baseline_scores
+    shows that set's frozen baseline (and its size and fingerprint), not the spec-size set's."""
+    for n, value in ((spec.hidden_eval_size, 0.5), (20, 0.2)):
+        env.baselines.freeze(Baseline(family=spec.family, base_model="tiny", weights_sha256=weights_of("tiny"),
+                                      fingerprint=eval_fingerprint(spec, n), best_pre=value, n=n))
+    env.set_result(ok_result(pre=0.2, post=0.6, train_seconds=10.0))
+    small = env.run(ReferencePolicy(), EpisodeConfig(eval_size=20))
+    served = json.loads(tool_results(small, "get_baseline_scores")[0])
+    assert served["untrained_scores"]["tiny"] == 0.2 and served["best_pre"] == 0.2
+    assert served["hidden_eval"] == {"n": 20, "fingerprint": eval_fingerprint(spec, 20)}
+    assert small.reward.best_pre == 0.2  # what it was shown is what it was scored against
+    full = env.run(ReferencePolicy())
+    served = json.loads(tool_results(full, "get_baseline_scores")[0])
+    assert served["best_pre"] == 0.5 and served["hidden_eval"]["n"] == spec.hidden_eval_size

@@ -88,7 +88,8 @@ class Episode:
         self.turns = 0  # policy turns started
         seed_workspace(run.workspace, spec)
         files_ = WorkspaceTools(run.workspace, read_only=READ_ONLY)
-        self.tools = EpisodeTools(files_, spec, submit=self.submit_job, select=self.select_job, baselines=baselines)
+        self.tools = EpisodeTools(files_, spec, submit=self.submit_job, select=self.select_job, baselines=baselines,
+                                  eval_size=config.eval_size)
 
     @property
     def scored(self) -> int | None:

@@ -59,8 +59,11 @@ TOOL_SCHEMAS = [
 
 class EpisodeTools:
     def __init__(self, files: WorkspaceTools, spec: TaskSpec, submit: Callable[[], str],
-                 baselines: BaselineStore | None = None, select: Callable[[int], str] | None = None):
+                 baselines: BaselineStore | None = None, select: Callable[[int], str] | None = None,
+                 eval_size: int | None = None):
         self.files, self.spec, self.submit = files, spec, submit
+        self.eval_n = eval_size or spec.hidden_eval_size
+        """The size of the hidden set the job will be scored on (an episode's eval_size override wins)."""
         self.select = select or (lambda job: "error: this episode runs one job; it is the one scored")
         self.baselines = baselines or BaselineStore()
         self.malformed = 0
@@ -68,11 +71,11 @@ class EpisodeTools:
         self.repeats = RepeatedErrors()
 
     def get_baseline_scores(self) -> str:
-        """Frozen untrained scores on the hidden set the job will be scored on, read only (a model not
-        measured yet is measured when the episode is scored)."""
+        """Frozen untrained scores on the hidden set the job will be scored on (its size included: a
+        baseline is frozen per set), read only (a model not measured yet is measured when the episode is scored)."""
         from ait.evals.best_pre import best_pre
 
-        made = best_pre(self.spec, self.spec.hidden_eval_size, self.baselines, measure=False)
+        made = best_pre(self.spec, self.eval_n, self.baselines, measure=False)
         out: dict = {model: round(made.scores[model], 4) if model in made.scores
                      else made.excluded.get(model, "not measured yet")
                      for model in self.spec.constraints.allowed_base_models}
@@ -80,7 +83,8 @@ class EpisodeTools:
                            "best_pre": None if made.value is None else round(made.value, 4),
                            "rule": "uplift is measured against best_pre, the highest untrained score among the "
                                    "allowed base models available here (a model not measured yet is measured "
-                                   "when the episode is scored), whichever model you train"})
+                                   "when the episode is scored), whichever model you train",
+                           "hidden_eval": {"n": self.eval_n, "fingerprint": made.fingerprint}})
 
     def write_file(self, path: str, content: str | None, message: str) -> str:
         """write_file as the agent calls it: `content`, or else the last fenced block of `message`."""
