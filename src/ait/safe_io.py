@@ -10,10 +10,12 @@ read, sizes are capped, and an error never quotes the file's content.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import stat
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -71,6 +73,55 @@ def read_json_model(path: str | Path, model: type[M], limit: int) -> M:
         raise UnsafeFile(f"{name} is not a valid {model.__name__}: {describe_errors(e)}") from None
     except (ValueError, UnicodeError):
         raise UnsafeFile(f"{name} is not valid JSON") from None
+
+
+def drop_nonfinite(value: Any) -> tuple[Any, list[str]]:
+    """Parsed JSON without its NaN and ±Infinity numbers (at any depth in dicts and lists), and where
+    each one was ("metrics.train/loss", "a[2]"). Python's json reads NaN, Infinity and 1e999 as
+    floats, pydantic accepts them, and its JSON writes them as null, which then fails validation:
+    one such number would make a stored result unreadable."""
+    dropped: list[str] = []
+
+    def bad(x: Any) -> bool:
+        return isinstance(x, float) and not math.isfinite(x)
+
+    def walk(v: Any, at: str) -> Any:
+        if isinstance(v, dict):
+            out = {}
+            for k, x in v.items():
+                where = f"{at}.{k}" if at else str(k)
+                if bad(x):
+                    dropped.append(where)
+                else:
+                    out[k] = walk(x, where)
+            return out
+        if isinstance(v, list):
+            kept = []
+            for i, x in enumerate(v):
+                if bad(x):
+                    dropped.append(f"{at}[{i}]")
+                else:
+                    kept.append(walk(x, f"{at}[{i}]"))
+            return kept
+        return v
+
+    return walk(value, ""), dropped
+
+
+def read_finite_json_model(path: str | Path, model: type[M], limit: int) -> tuple[M, list[str]]:
+    """`model` validated from the JSON file at `path` (read as `read_regular_file` does) once its
+    non-finite numbers are dropped (`drop_nonfinite`), and the places they were dropped from."""
+    data = read_regular_file(path, limit)
+    name = Path(path).name
+    try:
+        parsed, dropped = drop_nonfinite(json.loads(data))
+    except (ValueError, UnicodeError, RecursionError):
+        raise UnsafeFile(f"{name} is not valid JSON") from None
+    try:
+        return model.model_validate(parsed), dropped
+    except ValidationError as e:
+        note = f" ({len(dropped)} NaN or infinite number(s) were dropped from it first)" if dropped else ""
+        raise UnsafeFile(f"{name} is not a valid {model.__name__}: {describe_errors(e)}{note}") from None
 
 
 def write_new_file(path: str | Path, data: str | bytes, mode: int = 0o644) -> None:

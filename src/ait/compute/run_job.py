@@ -23,8 +23,8 @@ from pathlib import Path
 
 from ait.compute import processes
 from ait.evals.runner import EvalFailed, eval_request, finish_eval, model_read_paths, start_eval
-from ait.job.types import FailReason, Job, JobResult
-from ait.safe_io import UnsafeFile, read_json_model, write_new_file
+from ait.job.types import MAX_DROPPED_NAMES, FailReason, Job, JobResult
+from ait.safe_io import UnsafeFile, read_finite_json_model, write_new_file
 from ait.compute.warm import train_zygote
 from ait.sandbox import (
     Limits,
@@ -179,7 +179,9 @@ def _score(job: Job, job_dir: Path, outcome: RunOutcome, evaluator, req, eval_di
         return JobResult(ok=False, fail_reason=reason, error=f"{detail}\n{outcome.log_tail}",
                          total_seconds=time.monotonic() - start, **base)
     try:
-        trained = read_json_model(job_dir / "train_output.json", TrainOutput, MAX_TRAIN_OUTPUT_BYTES)
+        # The job's code can write anything here: a diverged loss is NaN, and one NaN stored in the
+        # result would make it unreadable. Dropped here, and named in the result.
+        trained, dropped = read_finite_json_model(job_dir / "train_output.json", TrainOutput, MAX_TRAIN_OUTPUT_BYTES)
     except UnsafeFile as e:  # missing or forged output: the job did not finish honestly
         return JobResult(ok=False, fail_reason=FailReason.crash, error=f"training's output is unusable: {e}",
                          total_seconds=time.monotonic() - start, **base)
@@ -196,4 +198,12 @@ def _score(job: Job, job_dir: Path, outcome: RunOutcome, evaluator, req, eval_di
     return JobResult(ok=True, pre=report.pre, post=report.post, eval_n=report.n, pre_scores=report.pre_scores,
                      post_scores=report.post_scores, outputs_changed=outputs_changed(report),
                      weights_changed=report.weights_changed, checkpoint=str(job_dir / "checkpoint"),
-                     total_seconds=time.monotonic() - start, metrics=metrics, **base)
+                     total_seconds=time.monotonic() - start, metrics=metrics, dropped_nonfinite=named(dropped),
+                     **base)
+
+
+def named(dropped: list[str]) -> list[str]:
+    """The first MAX_DROPPED_NAMES places (each cut to 200 characters), then how many more: a file
+    of a million NaNs does not become a million-line result."""
+    more = len(dropped) - MAX_DROPPED_NAMES
+    return [d[:200] for d in dropped[:MAX_DROPPED_NAMES]] + ([f"... and {more} more"] if more > 0 else [])

@@ -27,7 +27,7 @@ from ait.harness.types import (EpisodeConfig, EpisodeResult, JobRecord, Message,
                                Submission)
 from ait.harness.workspace_tools import WorkspaceTools
 from ait.job import task_tools
-from ait.job.types import FailReason, Job, JobResult
+from ait.job.types import FailReason, Job, JobResult, storable
 from ait.metering import Ledger, Meter, load_prices
 from ait.policy.base import Policy
 from ait.probe.runner import probe_workspace
@@ -285,6 +285,7 @@ class Episode:
 
     def record_job(self, attempt: int, job: Job, result: JobResult) -> str:
         """Dev score, cost, ledger, artifacts; the agent's feedback (dev only, never hidden)."""
+        result = storable(result)  # job_result.json and episode.json must read back (`ait eval --resume`)
         left = self.config.max_jobs - len(self.jobs) - 1
         iterative = self.config.max_jobs > 1
         dev, dev_note, dev_seconds = jobs_.dev_score(job, result, iterative)

@@ -8,6 +8,8 @@ both spellings of one key is an error.
 
 from __future__ import annotations
 
+import json
+import math
 from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
@@ -228,3 +230,40 @@ class JobResult(BaseModel):
     """Directory of the trained safetensors checkpoint."""
     metrics: dict[str, float] = Field(default_factory=dict)
     """Flat slash-namespaced training metrics (train/reward, train/loss, ...)."""
+    dropped_nonfinite: list[str] = Field(default_factory=list)
+    """Where train_output.json held NaN or ±Infinity (e.g. "metrics.train/loss"): dropped on reading,
+    never stored (the first MAX_DROPPED_NAMES, then a count)."""
+
+
+MAX_DROPPED_NAMES = 20
+
+
+def unreadable_result(job_id: str, text: Any, why: str) -> JobResult:
+    """A failed job in place of a result that cannot be read back (a crash unless it says it failed
+    otherwise), billed for the time the text still reports. Never "no job": that would let the
+    agent submit again for free."""
+    try:
+        data = json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        data = None
+    kept: dict[str, Any] = {"fail_reason": FailReason.crash}
+    if isinstance(data, dict):
+        for key in ("train_seconds", "total_seconds", "gpus"):
+            v = data.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
+                kept[key] = float(v)
+        if isinstance(data.get("base_model"), str):
+            kept["base_model"] = data["base_model"]
+        if data.get("fail_reason") in [r.value for r in FailReason]:  # a list: the value may be unhashable
+            kept["fail_reason"] = FailReason(data["fail_reason"])
+    return JobResult(job_id=job_id, ok=False, error=f"the job's result cannot be read back: {why}", **kept)
+
+
+def storable(result: JobResult) -> JobResult:
+    """`result` when its JSON reads back as it is; else a failed job (`unreadable_result`). Pydantic
+    writes a NaN or infinite number as null, which fails validation (or reads back as None)."""
+    try:
+        json.dumps(result.model_dump(mode="json"), allow_nan=False)
+    except ValueError:
+        return unreadable_result(result.job_id, result.model_dump_json(), "it holds a NaN or infinite number")
+    return result

@@ -21,7 +21,10 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ait.job.types import Job, JobResult
+from pydantic import ValidationError
+
+from ait.job.types import Job, JobResult, storable, unreadable_result
+from ait.safe_io import describe_errors
 from ait.queue.types import (
     FINAL_STATES,
     JobState,
@@ -253,6 +256,7 @@ class JobQueue:
         if result.job_id != lease.job_id:
             raise ValueError(f"result is for job {result.job_id!r} but the lease is on {lease.job_id!r}")
         now = self.clock()
+        result = storable(result)  # a result that would not read back is stored as the failed job it is
         state = JobState.done if result.ok else JobState.failed
         with self._tx() as conn:
             row = conn.execute(
@@ -325,8 +329,8 @@ class JobQueue:
         return [_entry(r) for r in rows]
 
     def result(self, job_id: str) -> JobResult | None:
-        rows = self._read("SELECT result FROM jobs WHERE job_id = ?", (job_id,))
-        return JobResult.model_validate_json(rows[0][0]) if rows and rows[0][0] else None
+        entry = self.get(job_id)
+        return entry.result if entry else None
 
     def counts(self) -> dict[str, int]:
         """Number of jobs per state, every state present (zeros included)."""
@@ -393,8 +397,21 @@ def _stale_reason(lease: Lease, row: tuple | None, now: float) -> str | None:
     return None
 
 
+def _read_result(job_id: str, text: str) -> JobResult | None:
+    """The stored result, or a failed one saying why it cannot be read (an older version's row, a
+    NaN stored as null before `storable`): one bad row never breaks `list`, `ait queue ls` or the
+    episode waiting on it, and its job is never taken for one that did not run."""
+    try:
+        return JobResult.model_validate_json(text)
+    except ValidationError as e:  # bad JSON too
+        return unreadable_result(job_id, text, describe_errors(e))
+
+
 def _entry(row: tuple) -> QueueEntry:
     job_id, state, attempts, worker_id, created_at, updated_at, expires_at, error, job, result = row
+    parsed = _read_result(job_id, result) if result else None
+    if parsed is not None and not parsed.ok and state == JobState.done.value:  # stored ok, read back failed
+        state, error = JobState.failed.value, parsed.error
     return QueueEntry(
         job_id=job_id,
         state=JobState(state),
@@ -405,5 +422,5 @@ def _entry(row: tuple) -> QueueEntry:
         lease_expires_at=expires_at,
         error=error,
         job=Job.model_validate_json(job),
-        result=JobResult.model_validate_json(result) if result else None,
+        result=parsed,
     )
