@@ -7,7 +7,9 @@ fingerprint), RUN_DIR/job_result.json (the scored job's result), RUN_DIR/manifes
 reward weights), RUN_DIR/workspace/task.json (allowed base models, time budget, attempts) and
 the baselines store (default RUN_DIR/../baselines.json, else AIT_HOME's). It implements the
 reward as DESIGN.md states it, independently of ait.reward, prints each component beside the
-recorded one, and exits 1 if any differs.
+recorded one, and exits 1 if any differs. A job that died (not an infra failure) is scored by the
+manifest's [reward] dead_job rule: "zero" (the default, and the only rule of runs recorded before it
+existed) or "untrained" (post = the job's own pre, else its base model's frozen baseline).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def best_pre_from_store(store: dict, family: str, fingerprint: str, allowed: list[str], excluded: list[str]) -> float | None:
-    """max over the allowed models (those this install had) of their frozen untrained scores on the set."""
+def scores_from_store(store: dict, family: str, fingerprint: str, allowed: list[str], excluded: list[str]) -> dict:
+    """The allowed models' (those this install had) frozen untrained scores on the set; best_pre is their max."""
     scores: dict[str, float] = {}
     for b in store.get("baselines", []):
         if b.get("family") != family or b.get("fingerprint") != fingerprint or not b.get("weights_sha256"):
@@ -42,7 +44,7 @@ def best_pre_from_store(store: dict, family: str, fingerprint: str, allowed: lis
             raise SystemExit(f"the store holds two scores for {name} on this set (re-pointed weights?): "
                              "pass a store with one")
         scores[name] = b["best_pre"]
-    return max(scores.values()) if scores else None
+    return scores
 
 
 def recompute(run_dir: Path, store: dict) -> dict:
@@ -58,11 +60,12 @@ def recompute(run_dir: Path, store: dict) -> dict:
     if not parseable:
         return {"total": weights["no_submission"]}
     validation = 1.0 - (k - 1) / K if k else 0.0
-    baseline = episode.get("baseline") or {}
-    best_pre = None
-    if job and job["ok"] and baseline:
-        best_pre = best_pre_from_store(store, spec["family"], baseline["fingerprint"],
-                                       spec["constraints"]["allowed_base_models"], list(baseline.get("excluded", {})))
+    baseline = episode.get("baseline") or {}  # recorded for a finished job, and a dead one under "untrained"
+    scores = {}
+    if job and baseline:
+        scores = scores_from_store(store, spec["family"], baseline["fingerprint"],
+                                   spec["constraints"]["allowed_base_models"], list(baseline.get("excluded", {})))
+    best_pre = max(scores.values()) if scores else None
     quality = speed = uplift = 0.0
     post = job["post"] if job and job["ok"] else None
     if post is not None and best_pre is not None:
@@ -70,9 +73,18 @@ def recompute(run_dir: Path, store: dict) -> dict:
         quality = 0.25 * post + 0.75 * uplift
         if job.get("train_seconds") is not None:
             speed = clip(1.0 - job["train_seconds"] / spec["constraints"]["time_budget_s"], 0.0, 1.0)
+    rule = dead_post = None
+    if job and not job["ok"] and job.get("fail_reason") != "infra":  # the job died: its own doing
+        rule = "zero"
+        pre = job["pre"] if job.get("pre") is not None else scores.get(job.get("base_model"))
+        if weights.get("dead_job", "zero") == "untrained" and pre is not None and best_pre is not None:
+            rule, dead_post = "untrained", pre  # scored as if it had not trained; no speed credit
+            uplift = clip((pre - best_pre) / max(1.0 - best_pre, EPS), -1.0, 1.0)
+            quality = 0.25 * pre + 0.75 * uplift
     total = weights["validation"] * validation + weights["job_quality"] * quality + weights["train_speed"] * speed
     return {"total": total, "validation": validation, "job_quality": quality, "train_speed": speed,
-            "uplift_term": uplift, "post": post, "best_pre": best_pre}
+            "uplift_term": uplift, "post": post, "best_pre": best_pre, "dead_job_rule": rule,
+            "dead_job_post": dead_post}
 
 
 def main() -> int:
@@ -87,6 +99,8 @@ def main() -> int:
     store = load(store_path) if store_path else {"baselines": []}
     mine = recompute(args.run_dir, store)
     recorded = load(args.run_dir / "episode.json")["reward"]
+    if "dead_job_rule" not in recorded:  # recorded before the rule was: it could only be "zero"
+        mine = {k: v for k, v in mine.items() if not k.startswith("dead_job")}
     mismatches = {k: (v, recorded.get(k)) for k, v in mine.items() if recorded.get(k) != v}
     if args.json:
         print(json.dumps({"recomputed": mine, "recorded": {k: recorded.get(k) for k in mine},

@@ -2,7 +2,10 @@
 
     R = w_v·validation + w_q·job_quality + w_s·train_speed
     validation   = 1 − (k−1)/K for a job valid at attempt k of K; 0 if never valid
-    job_quality  = 0.25·post + 0.75·uplift_term; 0 if the job died
+    job_quality  = 0.25·post + 0.75·uplift_term; for a job that died (its own doing, not an infra failure):
+                   0 under dead_job = "zero" (the reference system's rule, the default), or as if it had not
+                   trained under dead_job = "untrained" (post = its own pre, else its base model's frozen
+                   baseline; 0 when neither is known)
     uplift_term  = clip((post − best_pre) / max(1 − best_pre, ε), −1, 1)
     best_pre     = max over the task's allowed base models of their frozen untrained scores on the
                    hidden set the job was scored on (ait.evals.best_pre), whichever model was trained
@@ -13,10 +16,12 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field, model_validator
 
 from ait.contract import Strict
-from ait.job.types import JobResult
+from ait.job.types import FailReason, JobResult
 
 EPS = 1e-6
 
@@ -30,6 +35,10 @@ class RewardWeights(Strict):
     """Weight of the training-speed term."""
     no_submission: float = Field(default=-0.1, le=0.0)
     """Reward when no parseable submission was ever made."""
+    dead_job: Literal["zero", "untrained"] = "zero"
+    """How a job that died (OOM, crash, timeout; not an infra failure) is scored. "zero": job_quality 0,
+    the reference system's rule. "untrained": as if it had not trained (post = its own pre), so that
+    crashing a weak job on purpose never pays more than finishing it (docs/outer.md)."""
 
     @model_validator(mode="after")
     def _positive(self) -> "RewardWeights":
@@ -44,7 +53,7 @@ class RewardBreakdown(BaseModel):
     validation: float = 0.0
     """1 − (k−1)/K for a valid job at attempt k of K, else 0."""
     job_quality: float = 0.0
-    """0.25·post + 0.75·uplift_term, 0 if the job died or never ran."""
+    """0.25·post + 0.75·uplift_term; for a job that died, per dead_job_rule; 0 if it never ran."""
     train_speed: float = 0.0
     """clip(1 − train_s / budget, 0, 1) for a successful job, else 0."""
     uplift_term: float = 0.0
@@ -53,6 +62,12 @@ class RewardBreakdown(BaseModel):
     """Hidden-eval score after training."""
     best_pre: float | None = None
     """The highest frozen untrained score among the task's allowed base models on this hidden set."""
+    dead_job_rule: Literal["zero", "untrained"] | None = None
+    """The rule that scored a job that died (None: no job died); "zero" too when "untrained" had no pre."""
+    dead_job_post: float | None = None
+    """The post a dead job was scored with under "untrained": its own pre, else its model's frozen baseline."""
+    dead_job_note: str | None = None
+    """Why "untrained" fell back to zero, when it did."""
     valid_attempt: int | None = None
     """k: the attempt at which the job was valid."""
     max_attempts: int
@@ -84,9 +99,16 @@ def job_quality(post: float, best_pre: float) -> tuple[float, float]:
     return 0.25 * post + 0.75 * uplift, uplift
 
 
+def died(job: JobResult | None) -> bool:
+    """The job failed by its own doing (an infra failure is not a verdict on the job)."""
+    return job is not None and not job.ok and job.fail_reason is not FailReason.infra
+
+
 def compute_reward(*, parseable_submission: bool, valid_attempt: int | None, max_attempts: int,
                    job: JobResult | None, best_pre: float | None, time_budget_s: float,
-                   weights: RewardWeights | None = None) -> RewardBreakdown:
+                   weights: RewardWeights | None = None, base_pre: float | None = None) -> RewardBreakdown:
+    """`base_pre`: the frozen untrained score of the job's base model on this hidden set, which
+    dead_job = "untrained" uses when a dead job never reported its own pre."""
     w = weights or RewardWeights()
     common = dict(max_attempts=max_attempts, valid_attempt=valid_attempt, parseable_submission=parseable_submission)
     if not parseable_submission:
@@ -98,6 +120,18 @@ def compute_reward(*, parseable_submission: bool, valid_attempt: int | None, max
         quality, uplift = job_quality(post, best_pre)
         if job.train_seconds is not None:  # no measured time, no speed credit
             speed = clip(1.0 - job.train_seconds / time_budget_s, 0.0, 1.0)
+    dead: dict = {}
+    if died(job):
+        dead["dead_job_rule"] = "zero"
+        if w.dead_job == "untrained":
+            pre = job.pre if job.pre is not None else base_pre
+            if pre is not None and best_pre is not None:
+                quality, uplift = job_quality(pre, best_pre)  # no speed credit: it did not finish
+                dead.update(dead_job_rule="untrained", dead_job_post=pre)
+            else:
+                dead["dead_job_note"] = ("dead_job = untrained, but " + ("best_pre" if best_pre is None else
+                                         "neither the job's pre nor its base model's frozen baseline") +
+                                         " is known: scored 0")
     total = w.validation * validation + w.job_quality * quality + w.train_speed * speed
     return RewardBreakdown(total=total, validation=validation, job_quality=quality, train_speed=speed,
-                           uplift_term=uplift, post=post, best_pre=best_pre, **common)
+                           uplift_term=uplift, post=post, best_pre=best_pre, **dead, **common)

@@ -32,7 +32,7 @@ from ait.metering import Ledger, Meter, load_prices
 from ait.policy.base import Policy
 from ait.probe.runner import probe_workspace
 from ait.probe.types import ProbeReport
-from ait.reward import compute_reward
+from ait.reward import compute_reward, died
 from ait.runs import RunDir, new_run_id, runs_root, versions
 from ait.sandbox import require_isolation
 from ait.spec import TaskSpec
@@ -303,8 +303,13 @@ class Episode:
 
     def baseline(self) -> BestPre | None:
         """The untrained score the scored job must beat: the best frozen score among the task's
-        allowed base models on its hidden set (ait.evals.best_pre), seeded where missing."""
+        allowed base models on its hidden set (ait.evals.best_pre), seeded where missing. A job that
+        died needs one only under dead_job = "untrained" (it is then scored from its model's pre)."""
         job = self.job_result
+        if job is not None and died(job) and self.config.reward.dead_job == "untrained":
+            # A dead job reports no eval_n: the set it would have been scored on is the config's size.
+            return best_pre(self.spec, job.eval_n or self.config.eval_size or self.spec.hidden_eval_size,
+                            self.baselines, own=job)
         if job is None or not job.ok or job.eval_n is None:
             return None
         return best_pre(self.spec, job.eval_n, self.baselines, own=job)
@@ -420,7 +425,8 @@ def run_episode(spec: TaskSpec, task_path: str | Path, policy: Policy, config: E
         parseable_submission=any(s.parseable for s in episode.submissions),
         valid_attempt=episode.valid_attempt, max_attempts=spec.max_submission_attempts,
         job=episode.job_result, best_pre=baseline.value if baseline else None,
-        time_budget_s=spec.constraints.time_budget_s, weights=config.reward)
+        time_budget_s=spec.constraints.time_budget_s, weights=config.reward,
+        base_pre=baseline.scores.get(episode.job_result.base_model) if baseline and episode.job_result else None)
     run.write_json("reward.json", reward)
     result = EpisodeResult(run_id=run_id, run_dir=str(run.path), task_id=spec.id, policy=policy.name,
                            stop_reason=stop, turns=turns, submissions=episode.submissions, job=episode.job_result,
