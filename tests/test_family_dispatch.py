@@ -634,7 +634,8 @@ def test_inline_changes_only_the_question():
 def test_inline_prompts_are_short_at_easy_rungs():
     for knobs in INLINE_KNOBS[1:4]:
         for ex in examples(knobs, 100, seed=34):
-            assert len(ex.prompt) < 700 and len(ex.prompt.split()) < 120, ex.prompt  # well under 350 tokens
+            # well under 350 tokens (the think-first tail is ~40 words of it)
+            assert len(ex.prompt) < 800 and len(ex.prompt.split()) < 140, ex.prompt
 
 
 def test_inline_answers_are_not_degenerate_at_easy_rungs(registered):

@@ -85,10 +85,16 @@ INLINE_SYSTEM_PROMPT = (  # str.format: {what}
     "conditions with the request's values, rule by rule, and stop at the first rule whose "
     "conditions all hold. End with the final line 'Answer: <queue name>' naming {what}."
 )
-INLINE_TAIL_ONE = ("Reply with one line 'Answer: <queue name>', the queue of the first rule that holds "
-                   "(else the default queue); do not call a tool.")
-INLINE_TAIL_MANY = ("Reply with one line 'Answer: <queue name>', the queue that receives the most of these "
-                    "requests (each goes to the first rule that holds, else the default queue); do not call a tool.")
+# Room to reason before the answer: asked for one line, both Qwen models name a queue without
+# comparing any condition (a guess, right one time in three); asked to think first, the 1.5B reasons
+# in half its replies and scores 0.547 against 0.266 (n = 64, docs/surface.md, lease-h100-s15).
+INLINE_TAIL_ONE = ("Think it through briefly in plain text (which rule's condition holds for this request, "
+                   "checking rule 1 first), then end with the line 'Answer: <queue name>' (the default queue "
+                   "if no rule holds). Do not call a tool.")
+INLINE_TAIL_MANY = ("Think it through briefly in plain text (route each request: which rule's condition holds, "
+                    "checking rule 1 first), then end with the line 'Answer: <queue name>', the queue that "
+                    "receives the most of these requests (the default queue for a request no rule holds). "
+                    "Do not call a tool.")
 ANSWER_RE = re.compile(r"answer\s*[:=]\s*(.*)", re.IGNORECASE)
 ID_RE = re.compile(r"REQ-\d{4}")
 

@@ -37,8 +37,9 @@ INLINE_SYSTEM_PROMPT = (
     "conditions with the request's values, rule by rule, and stop at the first rule whose "
     "conditions all hold. End with the final line 'Answer: <queue name>' naming the queue."
 )
-INLINE_TAIL = ("Reply with one line 'Answer: <queue name>', the queue of the first rule that holds "
-               "(else the default queue); do not call a tool.")
+INLINE_TAIL = ("Think it through briefly in plain text (which rule's condition holds for this request, "
+               "checking rule 1 first), then end with the line 'Answer: <queue name>' (the default queue "
+               "if no rule holds). Do not call a tool.")  # as ait.families.dispatch.INLINE_TAIL_ONE
 
 ATTRS = {
     "priority": (1, 5),
