@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ait.evals.baselines import Baseline, BaselineStore
+from ait.evals.baselines import Baseline, BaselineStore, scoring_setup
 from ait.evals.hidden import eval_fingerprint, hidden_examples
 from ait.evals.hidden_eval import score
 from ait.families import FAMILIES
@@ -152,10 +152,12 @@ def main() -> int:
         results["families"][family] = {"tried": tried, "chosen": chosen}
         if args.store:
             store = BaselineStore(args.store)
-            shas = {s.name: s.resolved.sha256 for s in scorers}
+            by_name = {s.name: s.resolved for s in scorers}
+            spec = build_spec(family, difficulty=chosen["difficulty"], constraints=CONSTRAINTS)
             for model, value in chosen["scores"].items():
-                store.freeze(Baseline(family=family, base_model=model, weights_sha256=shas[model],
-                                      fingerprint=chosen["fingerprint"], best_pre=value, n=args.n), force=True)
+                store.freeze(Baseline(family=family, base_model=model, weights_sha256=by_name[model].sha256,
+                                      fingerprint=chosen["fingerprint"], setup=scoring_setup(spec, by_name[model].path),
+                                      best_pre=value, n=args.n), force=True)
     table = Table(title=f"untrained hidden-eval score at the chosen difficulty (n={args.n})")
     table.add_column("family")
     for s in scorers:

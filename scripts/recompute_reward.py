@@ -31,14 +31,17 @@ def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def scores_from_store(store: dict, family: str, fingerprint: str, allowed: list[str], excluded: list[str]) -> dict:
-    """The allowed models' (those this install had) frozen untrained scores on the set; best_pre is their max."""
+def scores_from_store(store: dict, family: str, fingerprint: str, allowed: list[str], excluded: list[str],
+                      setups: dict | None = None) -> dict:
+    """The allowed models' (those this install had) frozen untrained scores on the set, each under the
+    scoring setup the episode recorded for it (`setups`; runs recorded before setups existed name
+    none); best_pre is their max."""
     scores: dict[str, float] = {}
     for b in store.get("baselines", []):
         if b.get("family") != family or b.get("fingerprint") != fingerprint or not b.get("weights_sha256"):
             continue
         name = b["base_model"]
-        if name not in allowed or name in excluded:
+        if name not in allowed or name in excluded or (setups and b.get("setup") != setups.get(name)):
             continue
         if name in scores and scores[name] != b["best_pre"]:
             raise SystemExit(f"the store holds two scores for {name} on this set (re-pointed weights?): "
@@ -64,7 +67,8 @@ def recompute(run_dir: Path, store: dict) -> dict:
     scores = {}
     if job and baseline:
         scores = scores_from_store(store, spec["family"], baseline["fingerprint"],
-                                   spec["constraints"]["allowed_base_models"], list(baseline.get("excluded", {})))
+                                   spec["constraints"]["allowed_base_models"], list(baseline.get("excluded", {})),
+                                   baseline.get("setups"))
     best_pre = max(scores.values()) if scores else None
     quality = speed = uplift = 0.0
     post = job["post"] if job and job["ok"] else None

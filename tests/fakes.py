@@ -18,6 +18,14 @@ ROOT = Path(__file__).resolve().parents[1]
 TASK = ROOT / "examples" / "tasks" / "calc_chain.json"
 
 
+def setup_of(spec, name: str = "tiny") -> str:
+    """The scoring setup a baseline of this base model is frozen under (only the tiny model resolves here)."""
+    from ait.evals.baselines import scoring_setup
+    from ait.train.models import resolve_base_model
+
+    return scoring_setup(spec, resolve_base_model(name).path)
+
+
 def weights_of(name: str) -> str:
     """The content hash a job on this base model reports (the tiny model's is real; others made up)."""
     from ait.train.models import resolve_base_model

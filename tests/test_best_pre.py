@@ -11,7 +11,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from ait.evals import best_pre as best_pre_mod
-from ait.evals.baselines import Baseline, BaselineStore
+from ait.evals.baselines import Baseline, BaselineStore, scoring_setup
 from ait.evals.best_pre import best_pre
 from ait.evals.hidden import eval_fingerprint
 from ait.job.types import JobResult
@@ -51,8 +51,10 @@ def spec_with(*allowed: str):
 
 
 def freeze(store: BaselineStore, spec, name: str, score: float) -> None:
-    store.freeze(Baseline(family=spec.family, base_model=name, weights_sha256=resolve_base_model(name).sha256,
-                          fingerprint=eval_fingerprint(spec, N), best_pre=score, n=N))
+    model = resolve_base_model(name)
+    store.freeze(Baseline(family=spec.family, base_model=name, weights_sha256=model.sha256,
+                          setup=scoring_setup(spec, model.path), fingerprint=eval_fingerprint(spec, N),
+                          best_pre=score, n=N))
 
 
 def job_on(name: str, pre: float, post: float) -> JobResult:
@@ -86,7 +88,8 @@ def test_the_jobs_own_pre_freezes_its_models_baseline_by_weights(models, tmp_pat
     freeze(store, spec, "strong", 0.6)
     made = best_pre(spec, N, store, own=job_on("weak", pre=0.25, post=0.3), measure=False)
     assert made.scores == {"strong": 0.6, "weak": 0.25}
-    entry = store.get(spec.family, resolve_base_model("weak").sha256, eval_fingerprint(spec, N))
+    weak = resolve_base_model("weak")
+    entry = store.get(spec.family, weak.sha256, eval_fingerprint(spec, N), scoring_setup(spec, weak.path))
     assert entry is not None and entry.best_pre == 0.25 and entry.base_model == "weak"
 
 
@@ -137,3 +140,66 @@ def test_a_failed_measurement_is_an_infra_error_not_a_lower_best_pre(models, tmp
     assert not made.complete and "strong" in made.failed and made.scores == {"weak": 0.1}
     stop, error = infra_verdict(StopReason.job_done, None, job_on("weak", pre=0.1, post=0.3), made)
     assert stop is StopReason.infra_error and "strong" in error
+
+
+def test_a_changed_eval_format_never_meets_the_old_frozen_score(models, tmp_path):
+    """The system prompt and max_new_tokens decide the score as much as the weights: another eval
+    format is another baseline (measured afresh), not the frozen one."""
+    spec = spec_with("strong")
+    store = BaselineStore(tmp_path / "b.json")
+    freeze(store, spec, "strong", 0.0)
+    assert best_pre(spec, N, store, measure=False).value == 0.0
+    for change in ({"system_prompt": spec.eval_format.system_prompt + " Be brief."},
+                   {"max_new_tokens": spec.eval_format.max_new_tokens + 1}):
+        other = spec.model_copy(update={"eval_format": spec.eval_format.model_copy(update=change)})
+        made = best_pre(other, N, store, measure=False)
+        assert made.value is None and "not measured yet" in made.excluded["strong"], change
+        assert made.setups["strong"] != best_pre(spec, N, store, measure=False).setups["strong"]
+
+
+def test_a_changed_scorer_changes_the_setup_its_baseline_is_frozen_under(models, tmp_path, monkeypatch):
+    """A copy of ait whose calc_chain scorer gives 0.5 for no answer is another scoring code: its
+    digest differs, so the score frozen under the old code is not served for it."""
+    import ait
+    from ait.evals import hidden_eval
+
+    root = Path(ait.__file__).parent
+    copy = tmp_path / "ait"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    family = copy / "families" / "calc_chain.py"
+    family.write_text(family.read_text() + "\n# a scorer edited after the baseline was frozen\n")
+    assert hidden_eval.scoring_code_digest(copy) != hidden_eval.scoring_code_digest(root)
+    spec = spec_with("strong")
+    store = BaselineStore(tmp_path / "b.json")
+    freeze(store, spec, "strong", 0.0)
+    monkeypatch.setattr(hidden_eval, "scoring_code_digest", lambda root=None: "edited")
+    made = best_pre(spec, N, store, measure=False)
+    assert made.value is None and "not measured yet" in made.excluded["strong"]
+
+
+def test_a_jobs_pre_beyond_noise_of_its_frozen_baseline_is_an_error_not_a_reward(models, tmp_path):
+    from ait.harness.episode import infra_verdict
+    from ait.harness.types import StopReason
+
+    spec = spec_with("strong", "weak")
+    store = BaselineStore(tmp_path / "b.json")
+    freeze(store, spec, "strong", 0.6)
+    freeze(store, spec, "weak", 0.0)
+    stale = job_on("weak", pre=1.0, post=1.0)  # the eval now scores the untrained weak model 1.0
+    made = best_pre(spec, N, store, own=stale, measure=False)
+    assert not made.complete and "disagrees with the frozen baseline 0.0000" in made.failed["weak"]
+    stop, error = infra_verdict(StopReason.job_done, None, stale, made)
+    assert stop is StopReason.infra_error and "weak" in error
+    assert store.get(spec.family, resolve_base_model("weak").sha256, eval_fingerprint(spec, N),
+                     made.setups["weak"]).best_pre == 0.0  # the frozen score is not replaced behind anyone's back
+    close = best_pre(spec, N, store, own=job_on("weak", pre=0.25, post=0.5), measure=False)
+    assert close.complete and close.scores["weak"] == 0.0  # within noise at n = 4: scored against the frozen 0.0
+
+
+@pytest.mark.parametrize("a,b,n,agree", [
+    (0.30, 0.30, 200, True), (0.30, 0.39, 200, True), (0.30, 0.40, 200, False), (0.0, 0.5, 200, False),
+    (0.0, 0.02, 50, True), (0.0, 0.08, 50, False), (0.0, 0.25, 4, True), (0.0, 1.0, 4, False)])
+def test_agreement_is_two_standard_errors_of_the_difference_with_a_floor(a, b, n, agree):
+    from ait.evals.best_pre import agrees
+
+    assert agrees(a, b, n) is agree and agrees(b, a, n) is agree

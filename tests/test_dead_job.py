@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakes import TASK, fake_executor, memo_probe, ok_result, weights_of
+from fakes import TASK, fake_executor, memo_probe, ok_result, setup_of, weights_of
 
 from ait.configs import ConfigError, load_config
 from ait.evals.baselines import Baseline, BaselineStore
@@ -162,7 +162,7 @@ def store(tmp_path, monkeypatch) -> Path:
     monkeypatch.setattr(models, "model_availability", lambda name: None if name == "tiny" else "not here (test)")
     spec = load_spec(TASK)
     path = tmp_path / "baselines.json"
-    BaselineStore(path).freeze(Baseline(family=spec.family, base_model="tiny", weights_sha256=weights_of("tiny"),
+    BaselineStore(path).freeze(Baseline(family=spec.family, base_model="tiny", weights_sha256=weights_of("tiny"), setup=setup_of(spec),
                                         fingerprint=eval_fingerprint(spec, spec.hidden_eval_size),
                                         best_pre=FROZEN, n=spec.hidden_eval_size))
     return path
@@ -243,7 +243,7 @@ def test_a_job_that_crashes_on_purpose_is_scored_from_its_models_untrained_score
         pytest.skip("needs Landlock on this kernel (as the hostile episodes)")
     monkeypatch.setattr(models, "model_availability", lambda name: None if name == "tiny" else "not here (test)")
     spec, store = load_spec(TASK), BaselineStore(tmp_path / "baselines.json")
-    store.freeze(Baseline(family=spec.family, base_model="tiny", weights_sha256=weights_of("tiny"),
+    store.freeze(Baseline(family=spec.family, base_model="tiny", weights_sha256=weights_of("tiny"), setup=setup_of(spec),
                           fingerprint=eval_fingerprint(spec, 8), best_pre=0.4, n=8))
     job = {"job.toml": quick_job_toml(), "env.py": reference_files()["env.py"] + CRASH_AFTER_THE_PROBE}
     with HostileAgent([job]) as agent:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from fakes import weights_of
+from fakes import setup_of, weights_of
 
 import ait.harness.episode as episode_mod
 from ait.evals.baselines import Baseline, BaselineStore
@@ -407,7 +407,7 @@ def test_reference_policy_with_fake_executor(env, spec: TaskSpec) -> None:
 
     # best_pre frozen from the job's own pre, keyed by the weights it trained: the store now holds it.
     fingerprint = eval_fingerprint(spec, 200)
-    frozen = env.baselines.get(spec.family, weights_of(job.config.job.base_model), fingerprint)
+    frozen = env.baselines.get(spec.family, weights_of(job.config.job.base_model), fingerprint, setup_of(spec))
     assert frozen is not None and frozen.best_pre == 0.3 and frozen.n == 200 and frozen.base_model == "tiny"
     # The other allowed models are not available on this install: left out of best_pre, and named.
     assert set(first.baseline.scores) == {"tiny"} and set(first.baseline.excluded) == \
@@ -424,24 +424,29 @@ def test_reference_policy_with_fake_executor(env, spec: TaskSpec) -> None:
     assert baseline_text["untrained_scores"][job.config.job.base_model].startswith("not measured yet")
     assert baseline_text["best_pre"] is None and "highest untrained score" in baseline_text["rule"]
 
-    # A second episode scores against the frozen 0.3 even though its own pre is 0.5.
-    env.set_result(ok_result(pre=0.5, post=0.6, train_seconds=150.0))
+    # A second episode scores against the frozen 0.3 though its own pre is 0.33 (within noise at n = 200) ...
+    env.set_result(ok_result(pre=0.33, post=0.6, train_seconds=150.0))
     second = env.run(ReferencePolicy())
     assert second.stop_reason is StopReason.job_done
     assert second.run_id != first.run_id
     assert second.reward.best_pre == 0.3
     assert second.reward.uplift_term == pytest.approx(uplift, abs=1e-9)
-    assert env.baselines.get(spec.family, weights_of(job.config.job.base_model), fingerprint).best_pre == 0.3
+    assert env.baselines.get(spec.family, weights_of(job.config.job.base_model), fingerprint, setup_of(spec)).best_pre == 0.3
     assert len(env.baselines.all()) == 1
     # ... and get_baseline_scores now serves it to the agent.
     served = json.loads(tool_results(second, "get_baseline_scores")[0])
     assert served["untrained_scores"][job.config.job.base_model] == 0.3 and served["best_pre"] == 0.3
+    # ... but a pre of 0.5 on the same weights and set means the eval changed under the store: no reward.
+    env.set_result(ok_result(pre=0.5, post=0.6, train_seconds=150.0))
+    third = env.run(ReferencePolicy())
+    assert third.stop_reason is StopReason.infra_error and "disagrees with the frozen baseline 0.3000" in third.error
+    assert env.baselines.get(spec.family, weights_of("tiny"), fingerprint, setup_of(spec)).best_pre == 0.3
 
 
 def test_preseeded_baseline_is_used(env, spec: TaskSpec) -> None:
-    env.baselines.freeze(Baseline(family=spec.family, base_model="tiny", weights_sha256=weights_of("tiny"),
+    env.baselines.freeze(Baseline(family=spec.family, base_model="tiny", weights_sha256=weights_of("tiny"), setup=setup_of(spec),
                                   fingerprint=eval_fingerprint(spec, 200), best_pre=0.5, n=200))
-    env.set_result(ok_result(pre=0.1, post=0.75, train_seconds=0.0))
+    env.set_result(ok_result(pre=0.45, post=0.75, train_seconds=0.0))  # its own pre agrees within noise
     result = env.run(ReferencePolicy())
     assert env.executed[0].config.job.base_model == "tiny"
     assert result.reward.best_pre == 0.5
@@ -565,7 +570,7 @@ def test_baseline_scores_name_the_set_the_job_is_scored_on(env, spec: TaskSpec) 
     """An episode whose eval_size overrides the spec's is scored on that smaller set: get_baseline_scores
     shows that set's frozen baseline (and its size and fingerprint), not the spec-size set's."""
     for n, value in ((spec.hidden_eval_size, 0.5), (20, 0.2)):
-        env.baselines.freeze(Baseline(family=spec.family, base_model="tiny", weights_sha256=weights_of("tiny"),
+        env.baselines.freeze(Baseline(family=spec.family, base_model="tiny", weights_sha256=weights_of("tiny"), setup=setup_of(spec),
                                       fingerprint=eval_fingerprint(spec, n), best_pre=value, n=n))
     env.set_result(ok_result(pre=0.2, post=0.6, train_seconds=10.0))
     small = env.run(ReferencePolicy(), EpisodeConfig(eval_size=20))

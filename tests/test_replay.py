@@ -57,7 +57,7 @@ def test_an_episode_with_uplift_recomputes_exactly(tmp_path, monkeypatch):
     spec = load_spec(TASK)
     store = BaselineStore(tmp_path / "b.json")
     # A frozen baseline for a stronger model this install lacks is not part of best_pre (excluded) ...
-    store.freeze(Baseline(family=spec.family, base_model="smollm2-135m", weights_sha256="f" * 64,
+    store.freeze(Baseline(family=spec.family, base_model="smollm2-135m", weights_sha256="f" * 64, setup="s" * 16,
                           fingerprint=eval_fingerprint(spec, 200), best_pre=0.9, n=200))
     result = run_episode(spec, TASK, ReferencePolicy(), EpisodeConfig(), runs_dir=tmp_path / "runs",
                          baselines=store)

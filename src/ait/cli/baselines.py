@@ -22,8 +22,9 @@ def baselines_seed(task: list[str] = typer.Option(..., "--task", help="TaskSpec 
     """Measure and freeze best_pre for every task × base model given."""
     from rich.progress import Progress
 
-    from ait.evals.baselines import Baseline, BaselineStore
+    from ait.evals.baselines import Baseline, BaselineStore, scoring_setup
     from ait.evals.hidden import eval_fingerprint
+    from ait.evals.hidden_eval import scoring_code_digest
 
     store = BaselineStore()
     pairs = []
@@ -35,6 +36,7 @@ def baselines_seed(task: list[str] = typer.Option(..., "--task", help="TaskSpec 
     from ait.train.models import ModelResolutionError, resolve_base_model
 
     failures = 0
+    code = scoring_code_digest()
     with Progress(console=err) as progress:
         bar = progress.add_task("seeding baselines", total=len(pairs))
         for spec, path, m in pairs:
@@ -42,14 +44,16 @@ def baselines_seed(task: list[str] = typer.Option(..., "--task", help="TaskSpec 
             fingerprint = eval_fingerprint(spec, n)
             try:
                 model = resolve_base_model(m)
-                frozen = store.get(spec.family, model.sha256, fingerprint)
+                setup = scoring_setup(spec, model.path, code)
+                frozen = store.get(spec.family, model.sha256, fingerprint, setup)
                 if frozen and not force:
                     console.print(f"{spec.family} × {m}: frozen at {frozen.best_pre:.4f} (n={frozen.n}); "
                                   "--force re-measures")
                 else:
                     report = scratch_eval(spec, model, n=n)
                     b = store.freeze(Baseline(family=spec.family, base_model=m, weights_sha256=model.sha256,
-                                              fingerprint=fingerprint, best_pre=report.pre, n=n), force=force)
+                                              fingerprint=fingerprint, setup=setup, best_pre=report.pre, n=n),
+                                     force=force)
                     console.print(f"{spec.family} × {m}: best_pre {b.best_pre:.4f} (n={n}) frozen")
             except (ModelResolutionError, EvalFailed) as e:
                 failures += 1
@@ -73,8 +77,9 @@ def baselines_show(as_json: bool = typer.Option(False, "--json", help="Print JSO
     if as_json:
         print(json.dumps([b.model_dump() for b in entries], indent=2))
         return
-    table = Table("family", "base model", "weights", "untrained score", "n", "hidden set", title=str(store.path))
+    table = Table("family", "base model", "weights", "untrained score", "n", "hidden set", "scoring setup",
+                  title=str(store.path))
     for b in entries:
         table.add_row(b.family, escape(b.base_model), (b.weights_sha256 or "(legacy, unused)")[:12],
-                      f"{b.best_pre:.4f}", str(b.n), b.fingerprint)
+                      f"{b.best_pre:.4f}", str(b.n), b.fingerprint, b.setup or "(legacy, unused)")
     console.print(table)

@@ -5,9 +5,12 @@
 
 whichever model the agent picked: training a weaker model must beat the stronger model's
 untrained score to earn uplift, so the strong model is never the risky choice. Each score is
-frozen per (family, weights hash, hidden set) in the baselines store. A model without one yet
-is measured on first use (the sandboxed eval, base weights only) and frozen; the job's own
-model is frozen from the job's pre score (same weights, same set). A model this install cannot
+frozen per (family, weights hash, hidden set, scoring setup) in the baselines store. A model
+without one yet is measured on first use (the sandboxed eval, base weights only) and frozen; the
+job's own model is frozen from the job's pre score (same weights, same set). A job whose own pre
+disagrees with its model's frozen score beyond noise means the eval changed under the store
+(something the setup's key missed: the device, a library built differently): the result is then
+incomplete, an infrastructure error, never a reward against a stale score. A model this install cannot
 resolve is excluded and named (it cannot be trained here either: the probe refuses it), and a
 baseline eval that fails leaves the result incomplete, which the episode reports as an
 infrastructure error rather than score against a best_pre that may be too low.
@@ -15,9 +18,11 @@ infrastructure error rather than score against a best_pre that may be too low.
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel, Field
 
-from ait.evals.baselines import Baseline, BaselineStore
+from ait.evals.baselines import Baseline, BaselineStore, scoring_setup
 from ait.evals.hidden import eval_fingerprint
 from ait.job.types import JobResult
 from ait.spec import TaskSpec
@@ -36,6 +41,8 @@ class BestPre(BaseModel):
     """The hidden set the scores are on."""
     n: int
     """Its size."""
+    setups: dict[str, str] = Field(default_factory=dict)
+    """Allowed model -> the scoring setup its score is frozen under (ait.evals.baselines.scoring_setup)."""
 
     @property
     def complete(self) -> bool:
@@ -49,25 +56,33 @@ def best_pre(spec: TaskSpec, n: int, store: BaselineStore, own: JobResult | None
     missing baselines now (False for the agent's get_baseline_scores, which only reads)."""
     from ait.train.models import ModelResolutionError, model_availability, resolve_base_model
 
+    from ait.evals.hidden_eval import scoring_code_digest
+
     fingerprint = eval_fingerprint(spec, n)
+    code = scoring_code_digest()  # once: it reads every scoring module
     out = BestPre(value=None, fingerprint=fingerprint, n=n)
     for name in spec.constraints.allowed_base_models:
         if why := model_availability(name):
             out.excluded[name] = f"not available on this install: {why}"
             continue
         try:
-            if own is not None and own.ok and own.base_model == name and own.base_model_sha256 \
-                    and own.pre is not None and own.eval_n == n:
-                sha, measured = own.base_model_sha256, own.pre
-            else:
-                model = resolve_base_model(name)
-                sha, measured = model.sha256, None
-            entry = store.get(spec.family, sha, fingerprint)
+            model = resolve_base_model(name)
+            setup = out.setups[name] = scoring_setup(spec, model.path, code)
+            own_pre = own.pre if own is not None and own.ok and own.base_model == name and \
+                own.base_model_sha256 == model.sha256 and own.pre is not None and own.eval_n == n else None
+            entry = store.get(spec.family, model.sha256, fingerprint, setup)
+            if entry is not None and own_pre is not None and not agrees(own_pre, entry.best_pre, n):
+                out.failed[name] = (f"this job's untrained score {own_pre:.4f} disagrees with the frozen baseline "
+                                    f"{entry.best_pre:.4f} of the same weights on the same set beyond noise "
+                                    f"(n={n}): the eval changed since it was frozen; check the device and "
+                                    "libraries, then `ait baselines seed --force`")
+                continue
+            measured = own_pre
             if entry is None and measured is None and measure:
                 measured = measure_baseline(spec, model, n)
             if entry is None and measured is not None:
-                entry = store.freeze(Baseline(family=spec.family, base_model=name, weights_sha256=sha,
-                                              fingerprint=fingerprint, best_pre=measured, n=n))
+                entry = store.freeze(Baseline(family=spec.family, base_model=name, weights_sha256=model.sha256,
+                                              fingerprint=fingerprint, setup=setup, best_pre=measured, n=n))
         except ModelResolutionError as e:
             out.excluded[name] = f"not available on this install: {e}"
             continue
@@ -80,6 +95,15 @@ def best_pre(spec: TaskSpec, n: int, store: BaselineStore, own: JobResult | None
         out.scores[name] = entry.best_pre
     out.value = max(out.scores.values()) if out.scores else None
     return out
+
+
+def agrees(a: float, b: float, n: int) -> bool:
+    """Two mean scores of n examples each agree within 2 SE of their difference. The variance is
+    the binomial one at their mean (an upper bound for scores in [0, 1]), floored at p = 1/(2n) so
+    that two scores of 0.0 and 0.02 still agree at n = 50."""
+    p, floor = (a + b) / 2, 1 / (2 * n)
+    variance = max(p * (1 - p), floor * (1 - floor))
+    return abs(a - b) <= 2 * math.sqrt(2 * variance / n) + 1e-12
 
 
 class BaselineUnmeasured(RuntimeError):
