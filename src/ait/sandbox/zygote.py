@@ -6,7 +6,13 @@ child applies the same layers as `ait.sandbox.launch` (in-process instead of bef
 exec), runs the target module as __main__, and exits. Requests are served one at a time,
 so no other thread is running when the zygote forks.
 
-    parent --JSON line--> zygote --fork--> child (setsid, layers, runpy) --> exit code
+The zygote itself never reads a request or sees a reply: each request is read, run and answered
+by a one-shot server forked from it, so the process every child is forked from holds nothing of
+an earlier run (its request, its reply and log tail, their residue on the heap). Agent code in
+one episode's probe can then never find the previous episode's output in its own memory.
+
+    parent --JSON line--> server (forked from the zygote) --fork--> child (setsid, layers, runpy)
+                          <--JSON reply--                           --> exit code
 """
 
 from __future__ import annotations
@@ -174,6 +180,41 @@ def _serve_one(req: dict) -> dict:
             "seconds": time.monotonic() - start, "log_tail": capture.tail(), "watch": finish_watch(watchdog)}
 
 
+EXIT_EOF = 3  # a server's exit status: the parent closed the request pipe, so the zygote exits too
+
+
+def read_request_line(fd: int = 0) -> bytes | None:
+    """One request line from `fd`, read a byte at a time so nothing of the next request is taken
+    (the parent sends one and waits for its reply); None at end of input."""
+    line = bytearray()
+    while True:
+        byte = os.read(fd, 1)
+        if not byte:
+            return None if not line else bytes(line)
+        if byte == b"\n":
+            return bytes(line)
+        line += byte
+
+
+def _serve_next() -> None:
+    """In a server forked from the zygote: serve one request, write its reply, exit. Never returns."""
+    code = 1
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # die with the zygote
+        line = read_request_line()
+        if line is None:
+            code = EXIT_EOF
+        else:
+            reply = (json.dumps(_serve_one(json.loads(line))) + "\n").encode()
+            while reply:
+                reply = reply[os.write(1, reply):]
+            code = 0
+    except BaseException:  # noqa: BLE001 - the parent sees the pipe close and falls back to a cold start
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
 def main(preload: list[str]) -> None:
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # die with the harness
     for name in preload:
@@ -181,10 +222,14 @@ def main(preload: list[str]) -> None:
         if hasattr(module, "zygote_warmup"):
             module.zygote_warmup()
     _check_fork_safe()
-    for line in sys.stdin:
-        reply = _serve_one(json.loads(line))
-        sys.stdout.write(json.dumps(reply) + "\n")
-        sys.stdout.flush()
+    while True:  # from here on this process only forks servers and waits for them
+        pid = os.fork()
+        if pid == 0:
+            _serve_next()
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:  # end of input, or a server that failed: the parent then starts afresh
+            sys.exit(0 if code == EXIT_EOF else 1)
 
 
 if __name__ == "__main__":
