@@ -108,3 +108,25 @@ def test_compare_of_an_eval_with_itself_warns(tmp_path):
     assert overall["paired"] is True and overall["pairs"] == N and overall["verdict"] == "b better"
     text = ait("eval", "compare", str(a), str(b), cwd=tmp_path)
     assert f"paired by episode (task, run id) over {N} pairs" in " ".join(text.stdout.split()), text.stdout
+
+
+def with_best_pre(r: EvalResults, models: list[str], left_out: dict[str, str]) -> EvalResults:
+    rows = [row.model_copy(update={"best_pre_models": models, "best_pre_left_out": left_out}) for row in r.episodes]
+    return r.model_copy(update={"episodes": rows, "overall": summarize(rows), "per_task": {"t": summarize(rows)}})
+
+
+def test_compare_refuses_results_whose_best_pre_was_over_other_models(tmp_path):
+    """An install without a strong model scores every job against a lower best_pre: its rewards are
+    on another scale, so comparing them with an install that has it is refused, naming why."""
+    full = with_best_pre(results(A), ["qwen2.5-coder-0.5b", "tiny"], {})
+    lacking = with_best_pre(results(B), ["tiny"], {"qwen2.5-coder-0.5b": "not available on this install: no GGUF"})
+    write(tmp_path / "full", full)
+    write(tmp_path / "lacking", lacking)
+    write(tmp_path / "same", with_best_pre(results(B), ["qwen2.5-coder-0.5b", "tiny"], {}))
+    proc = ait("eval", "compare", "full", "lacking", "--json", cwd=tmp_path)
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and proc.stdout == "" and "cannot compare" in said, proc.stderr
+    assert "qwen2.5-coder-0.5b" in said and "no GGUF" in said and "Traceback" not in proc.stderr
+    assert lacking.overall.best_pre_left_out == {"qwen2.5-coder-0.5b": "not available on this install: no GGUF"}
+    proc = ait("eval", "compare", "full", "same", "--json", cwd=tmp_path)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["differences"], proc.stderr

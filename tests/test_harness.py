@@ -409,9 +409,14 @@ def test_reference_policy_with_fake_executor(env, spec: TaskSpec) -> None:
     fingerprint = eval_fingerprint(spec, 200)
     frozen = env.baselines.get(spec.family, weights_of(job.config.job.base_model), fingerprint, setup_of(spec))
     assert frozen is not None and frozen.best_pre == 0.3 and frozen.n == 200 and frozen.base_model == "tiny"
-    # The other allowed models are not available on this install: left out of best_pre, and named.
+    # The other allowed models are not available on this install: left out of best_pre, and named,
+    # in the episode's baseline, its reward record and what the agent was shown.
     assert set(first.baseline.scores) == {"tiny"} and set(first.baseline.excluded) == \
         set(spec.constraints.allowed_base_models) - {"tiny"}
+    recorded = json.loads((Path(first.run_dir) / "reward.json").read_text())
+    assert recorded["best_pre_models"] == ["tiny"] and set(recorded["best_pre_left_out"]) == \
+        set(spec.constraints.allowed_base_models) - {"tiny"}
+    assert all(why.startswith("not available") for why in recorded["best_pre_left_out"].values())
     uplift = (0.6 - 0.3) / (1 - 0.3)
     quality = 0.25 * 0.6 + 0.75 * uplift
     speed = 1 - 150.0 / spec.constraints.time_budget_s
@@ -423,6 +428,7 @@ def test_reference_policy_with_fake_executor(env, spec: TaskSpec) -> None:
     baseline_text = json.loads(tool_results(first, "get_baseline_scores")[0])
     assert baseline_text["untrained_scores"][job.config.job.base_model].startswith("not measured yet")
     assert baseline_text["best_pre"] is None and "highest untrained score" in baseline_text["rule"]
+    assert set(baseline_text["left_out_here"]) == set(spec.constraints.allowed_base_models) - {"tiny"}
 
     # A second episode scores against the frozen 0.3 though its own pre is 0.33 (within noise at n = 200) ...
     env.set_result(ok_result(pre=0.33, post=0.6, train_seconds=150.0))

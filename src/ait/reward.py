@@ -62,6 +62,11 @@ class RewardBreakdown(BaseModel):
     """Hidden-eval score after training."""
     best_pre: float | None = None
     """The highest frozen untrained score among the task's allowed base models on this hidden set."""
+    best_pre_models: list[str] = Field(default_factory=list)
+    """The allowed base models whose frozen scores best_pre is the highest of."""
+    best_pre_left_out: dict[str, str] = Field(default_factory=dict)
+    """Allowed base models left out of best_pre here, and why (this install cannot load them, never
+    measured): on an install that has them the same job may face a higher best_pre."""
     dead_job_rule: Literal["zero", "untrained"] | None = None
     """The rule that scored a job that died (None: no job died); "zero" too when "untrained" had no pre."""
     dead_job_post: float | None = None

@@ -91,3 +91,29 @@ def same_evaluation(a: EvalResults, b: EvalResults, a_dir: Path, b_dir: Path) ->
         return (f"A ({a_dir}) and B ({b_dir}) hold identical episodes, so they are one evaluation (a copy): "
                 "every difference is 0 by construction")
     return None
+
+
+def best_pre_sets(results: EvalResults) -> dict[str, set[frozenset[str]]]:
+    """Task -> the sets of base models its episodes' best_pre was over (episodes without one skipped)."""
+    out: dict[str, set[frozenset[str]]] = {}
+    for row in results.episodes:
+        if row.best_pre_models is not None and not row.infra_error:
+            out.setdefault(row.task_id, set()).add(frozenset(row.best_pre_models))
+    return out
+
+
+def different_best_pre(a: EvalResults, b: EvalResults) -> str | None:
+    """Why A's and B's rewards are not comparable: a task whose best_pre was over other base models
+    on one side (an install that lacks a model scores every job against a best_pre without it)."""
+    sa, sb = best_pre_sets(a), best_pre_sets(b)
+    for task in sorted(set(sa) & set(sb)):
+        if sa[task] != sb[task]:
+            show = lambda sets: " | ".join(sorted(", ".join(sorted(s)) or "(none)" for s in sets))  # noqa: E731
+            left = {m: why for r in a.episodes + b.episodes if r.task_id == task
+                    for m, why in r.best_pre_left_out.items()}
+            why = "; ".join(f"{m}: {w}" for m, w in sorted(left.items()))[:400]
+            return (f"{task}: best_pre was over other base models in A ({show(sa[task])}) than in B "
+                    f"({show(sb[task])}), so their rewards are on different scales"
+                    + (f" (left out: {why})" if why else "")
+                    + "; run both where the same models are available")
+    return None

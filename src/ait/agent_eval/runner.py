@@ -36,7 +36,9 @@ def row_of(result: EpisodeResult) -> EpisodeRow:
                       valid=r.valid_attempt is not None, job_ran=job is not None,
                       job_failed=job is not None and not job.ok, base_model=job.base_model if job else None,
                       prompt_tokens=result.cost.prompt_tokens, completion_tokens=result.cost.completion_tokens,
-                      usd=result.cost.total_usd, wall_s=result.wall_seconds)
+                      usd=result.cost.total_usd, wall_s=result.wall_seconds,
+                      best_pre_models=sorted(result.baseline.scores) if result.baseline else None,
+                      best_pre_left_out=dict(result.baseline.excluded) if result.baseline else {})
 
 
 def finished(run_dir: Path) -> EpisodeRow | None:

@@ -44,7 +44,8 @@ def summarize(rows: list[EpisodeRow]) -> Summary:
         base_models={m: c / len(models) for m, c in sorted(Counter(models).items())},
         stop_reasons=dict(sorted(Counter(r.stop_reason for r in rows).items())),
         prompt_tokens=sum(r.prompt_tokens for r in rows), completion_tokens=sum(r.completion_tokens for r in rows),
-        usd=sum(r.usd for r in rows), wall_s=stat([r.wall_s for r in rows]))
+        usd=sum(r.usd for r in rows), wall_s=stat([r.wall_s for r in rows]),
+        best_pre_left_out={m: why for r in rows for m, why in sorted(r.best_pre_left_out.items())})
 
 
 def difference(a: Stat, b: Stat) -> tuple[float | None, float | None]:

@@ -73,6 +73,11 @@ class EpisodeRow(BaseModel):
     """The scored job failed (died, timed out, ...)."""
     base_model: str | None
     """Base model of the scored job."""
+    best_pre_models: list[str] | None = None
+    """The allowed base models best_pre was the highest of here (None: no best_pre, or results
+    written before it was recorded)."""
+    best_pre_left_out: dict[str, str] = Field(default_factory=dict)
+    """Allowed base models left out of best_pre on this install, and why."""
     prompt_tokens: int = 0
     """LLM prompt tokens."""
     completion_tokens: int = 0
@@ -121,6 +126,9 @@ class Summary(BaseModel):
     usd: float = 0.0
     wall_s: Stat = Field(default_factory=lambda: Stat(mean=None, se2=None, n=0))
     """Episode wall time."""
+    best_pre_left_out: dict[str, str] = Field(default_factory=dict)
+    """Allowed base models some episode's best_pre left out on this install, and why: rewards are
+    against a best_pre without them (`ait eval compare` refuses results whose best_pre sets differ)."""
 
 
 class EvalResults(BaseModel):

@@ -214,6 +214,10 @@ def print_results(results, out: Path, report: Path | None) -> None:
     console.print(f"base models: {models}; stop reasons: {stops}; tokens {results.overall.prompt_tokens:,} prompt, "
                   f"{results.overall.completion_tokens:,} completion; wall per episode "
                   f"{(results.overall.wall_s.mean or 0):.1f}s", highlight=False)
+    if left := results.overall.best_pre_left_out:  # the rewards' scale depends on what this install has
+        names = ", ".join(sorted(left))
+        console.print(f"best_pre left out {len(left)} allowed model(s) here: {escape(names)} "
+                      "(results.json says why)", highlight=False, soft_wrap=True)
     state = f"stopped ({results.stopped}) after {len(results.episodes)} of {results.planned}" if results.stopped \
         else f"{len(results.episodes)} episodes"
     where = f"results in {escape(str(out / 'results.json'))}"
@@ -222,7 +226,7 @@ def print_results(results, out: Path, report: Path | None) -> None:
 
 
 def compare_command(a_dir: Path, b_dir: Path, as_json: bool) -> None:
-    from ait.agent_eval.compare import compare, pairing, same_evaluation
+    from ait.agent_eval.compare import compare, different_best_pre, pairing, same_evaluation
     from ait.agent_eval.types import EvalResults
 
     loaded = []
@@ -231,6 +235,8 @@ def compare_command(a_dir: Path, b_dir: Path, as_json: bool) -> None:
             loaded.append(EvalResults.model_validate_json((d / "results.json").read_text()))
         except (OSError, ValueError) as e:
             fail(f"{d / 'results.json'} cannot be read as eval results ({type(e).__name__})")
+    if why := different_best_pre(*loaded):
+        fail(f"cannot compare: {why}")
     diffs = compare(*loaded)
     warnings = [w for w in [same_evaluation(*loaded, a_dir, b_dir)] if w]
     for w in warnings:  # on stderr in both modes: --json's stdout stays one document

@@ -427,6 +427,9 @@ def run_episode(spec: TaskSpec, task_path: str | Path, policy: Policy, config: E
         job=episode.job_result, best_pre=baseline.value if baseline else None,
         time_budget_s=spec.constraints.time_budget_s, weights=config.reward,
         base_pre=baseline.scores.get(episode.job_result.base_model) if baseline and episode.job_result else None)
+    if baseline is not None:  # which models best_pre is over depends on the install: say so in the record
+        reward = reward.model_copy(update={"best_pre_models": sorted(baseline.scores),
+                                           "best_pre_left_out": dict(baseline.excluded)})
     run.write_json("reward.json", reward)
     result = EpisodeResult(run_id=run_id, run_dir=str(run.path), task_id=spec.id, policy=policy.name,
                            stop_reason=stop, turns=turns, submissions=episode.submissions, job=episode.job_result,

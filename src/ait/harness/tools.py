@@ -84,7 +84,10 @@ class EpisodeTools:
                            "rule": "uplift is measured against best_pre, the highest untrained score among the "
                                    "allowed base models available here (a model not measured yet is measured "
                                    "when the episode is scored), whichever model you train",
-                           "hidden_eval": {"n": self.eval_n, "fingerprint": made.fingerprint}})
+                           "hidden_eval": {"n": self.eval_n, "fingerprint": made.fingerprint},
+                           # What this install cannot load is not in best_pre: elsewhere it may be higher.
+                           "left_out_here": {m: why for m, why in made.excluded.items()
+                                             if why.startswith("not available")}})
 
     def write_file(self, path: str, content: str | None, message: str) -> str:
         """write_file as the agent calls it: `content`, or else the last fenced block of `message`."""
