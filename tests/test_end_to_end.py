@@ -88,6 +88,32 @@ def test_an_episode_that_keeps_no_checkpoint_deletes_the_weights_after_scoring(t
     run = Path(result.run_dir)
     assert not (run / "job" / "checkpoint").exists()
     assert (run / "job_result.json").exists() and (run / "workspace" / "env.py").exists()
+    # Nothing else training wrote outlives the episode (its caches, its scratch), but its records.
+    from ait.harness.jobs import KEPT_JOB_FILES
+
+    assert {p.name for p in (run / "job").iterdir()} <= set(KEPT_JOB_FILES)
+
+
+def test_discarding_a_jobs_files_keeps_its_records_and_never_follows_a_link(tmp_path):
+    from ait.harness.jobs import discard_job_files
+    from ait.job.types import JobResult
+
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("x")
+    job_dir = tmp_path / "run" / "job"
+    (job_dir / "checkpoint").mkdir(parents=True)
+    (job_dir / ".cache" / "hub").mkdir(parents=True)
+    (job_dir / ".cache" / "hub" / "blob").write_bytes(b"0" * 4096)
+    (job_dir / "scratch.bin").write_bytes(b"1" * 4096)
+    (job_dir / "train_output.json").write_text("{}")
+    (job_dir / "train_request.json").write_text("{}")
+    (job_dir / "link").symlink_to(outside)
+    job = Job.model_construct(job_id="j", run_dir=str(tmp_path / "run"))
+    result = JobResult(job_id="j", ok=True, checkpoint=str(job_dir / "checkpoint"))
+    assert discard_job_files(job, result) == 3 and result.checkpoint is None  # .cache, scratch.bin, link (and the checkpoint)
+    assert sorted(p.name for p in job_dir.iterdir()) == ["train_output.json", "train_request.json"]
+    assert (outside / "keep.txt").exists()
 
 
 def test_discarding_a_checkpoint_never_leaves_the_jobs_directory(tmp_path):

@@ -289,8 +289,8 @@ class Episode:
         left = self.config.max_jobs - len(self.jobs) - 1
         iterative = self.config.max_jobs > 1
         dev, dev_note, dev_seconds = jobs_.dev_score(job, result, iterative)
-        if not self.config.keep_checkpoints:  # scored (hidden and dev): the weights are no longer needed
-            jobs_.discard_checkpoint(job, result)
+        if not self.config.keep_checkpoints:  # scored (hidden and dev): the weights and scratch are no longer needed
+            jobs_.discard_job_files(job, result)
         record = jobs_.make_record(attempt, job, result, dev, self.config, self.meter.prices, dev_seconds)
         self.meter.record_job(job.job_id, record.cost)
         self.jobs.append(record)

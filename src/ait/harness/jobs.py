@@ -80,6 +80,30 @@ def discard_checkpoint(job: Job, result: JobResult) -> bool:
     return True
 
 
+KEPT_JOB_FILES = ("train_request.json", "train_output.json")  # small records of what ran, kept on purpose
+
+
+def discard_job_files(job: Job, result: JobResult) -> int:
+    """Once a job is scored and its weights are not kept: its checkpoint (`discard_checkpoint`) and
+    everything else its training wrote in RUN_DIR/job (caches, scratch files: a gigabyte was seen in
+    job/.cache), but the records in KEPT_JOB_FILES. Returns the entries removed besides the
+    checkpoint. Links are removed, never followed."""
+    discard_checkpoint(job, result)
+    job_dir = Path(os.path.abspath(job.run_dir)) / "job"
+    if job_dir.is_symlink() or not job_dir.is_dir():
+        return 0
+    removed = 0
+    for entry in job_dir.iterdir():
+        if entry.name in KEPT_JOB_FILES and entry.is_file() and not entry.is_symlink():
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
 def make_record(attempt: int, job: Job, result: JobResult, dev: float | None, config: EpisodeConfig,
                 prices: PriceTable, extra_wall_s: float = 0.0) -> JobRecord:
     gpus, gpu_type = charged_gpus(config, result)
