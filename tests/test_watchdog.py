@@ -155,3 +155,30 @@ def test_a_sandboxed_job_that_fills_the_disk_is_killed_and_what_it_wrote_deleted
     assert "over its disk limit" in result.error and "what it wrote was deleted" in result.error
     job_dir = Path(job.run_dir) / "job"
     assert job_dir.is_dir() and not any(job_dir.iterdir())
+
+
+HOLDS_DELETED = """
+import os, sys, time
+os.makedirs(sys.argv[1], exist_ok=True)
+path = os.path.join(sys.argv[1], "hidden")
+f = open(path, "wb")
+os.unlink(path)  # no directory walk sees it now, yet it holds the disk while open
+for _ in range(int(sys.argv[2])):
+    f.write(b"x" * 1048576)
+f.flush()
+time.sleep(60)
+"""
+
+
+def test_a_run_that_holds_unlinked_files_open_is_counted_and_killed(tmp_path):
+    out = tmp_path / "run"
+    proc = start(HOLDS_DELETED, str(out), "40")
+    dog = Watchdog(proc.pid, memory_limit=None, task_limit=None, write_paths=[str(out)], disk_limit=20 * 2**20)
+    try:
+        assert wait_dead(proc, 20)
+        result = finish_watch(dog)
+        assert result["watchdog_rule"] == "disk" and "more than 20 MiB" in result["watchdog"], result
+        assert list(out.iterdir()) == []  # the walk alone would have counted nothing
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)

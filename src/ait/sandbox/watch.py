@@ -22,6 +22,7 @@ The verdict is the watchdog's own observation, as a memory cgroup's OOM event wo
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
 from pathlib import Path
@@ -114,6 +115,31 @@ def disk_usage(paths: list[str], byte_limit: int | None, entry_limit: int | None
     return used, entries
 
 
+def held_deleted_bytes(pids: list[int], seen: set[tuple[int, int]] | None = None) -> int:
+    """Allocated bytes of files the processes hold open after unlinking them: no directory walk
+    finds them, yet they fill the disk until the last descriptor closes (2 GiB held against a
+    1 GiB limit was seen). Each inode is counted once (`seen`: inodes counted already)."""
+    seen = set() if seen is None else seen
+    used = 0
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            path = f"/proc/{pid}/fd/{fd}"
+            try:
+                if not os.readlink(path).endswith(" (deleted)"):
+                    continue
+                st = os.stat(path)  # the open file itself, through the descriptor's link
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                used += st.st_blocks * 512
+    return used
+
+
 def start_watchdog(sid: int, policy: SandboxPolicy, cgroups: list[str]) -> Watchdog:
     """The run's watchdog: the task and disk rules always (a pids cgroup, like RLIMIT_NPROC, refuses
     new tasks but lets a fork bomb churn until its memory runs out: 40 s of every core, measured;
@@ -149,6 +175,7 @@ class Watchdog:
             polls += 1
             if self.write_paths and (self.disk_limit or self.file_limit) and polls % DISK_EVERY == 0:
                 used, entries = disk_usage(self.write_paths, self.disk_limit, self.file_limit)
+                used += held_deleted_bytes([pid for pid, _ in members])
                 if self.disk_limit and used > self.disk_limit:
                     self._kill("disk", f"the run wrote more than {size(self.disk_limit)} to disk "
                                f"({size(used)} counted), over its disk limit")
