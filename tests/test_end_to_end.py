@@ -77,6 +77,13 @@ def test_reference_episode_end_to_end(tmp_path, spec):
                   if c["name"] == "write_file" and c["arguments"].get("path") == "env.py"]
     assert env_writes == [{"path": "env.py"}]
     assert (run / "submissions/1/workspace/env.py").read_text() == (REFERENCE / "env.py").read_text()
+    # No hidden example is kept at rest in the run directory (for calc_chain a prompt gives its answer).
+    from ait.evals.hidden import hidden_examples
+
+    prompts = [ex.prompt for ex in hidden_examples(spec, 24)]
+    for f in (p for p in run.rglob("*") if p.is_file() and not p.is_symlink() and p.stat().st_size < 2**26):
+        text = f.read_bytes().decode("utf-8", "replace")
+        assert not any(p in text or json.dumps(p)[1:-1] in text for p in prompts), f"a hidden prompt in {f}"
 
 
 def test_an_episode_that_keeps_no_checkpoint_deletes_the_weights_after_scoring(tmp_path, spec):

@@ -95,8 +95,6 @@ class EvalReport(BaseModel):
     """Whether any trained tensor differs from the base."""
     seconds: dict[str, float] = Field(default_factory=dict)
     """Wall time: eval/load_s, eval/pre_s, eval/post_s."""
-    samples: list[list[dict]] = Field(default_factory=list)
-    """A few post-training conversations, for the record."""
     pre_cache_key: str | None = None
     """The cache entry `pre` belongs in, when it was scored here rather than read from the cache."""
 
@@ -352,7 +350,6 @@ def evaluate(req: EvalRequest) -> EvalReport:
         report.post = mean(report.post_scores)
         report.post_digests = [conversation_digest(c) for c in convs]
         report.seconds["eval/post_s"] = time.monotonic() - t
-        report.samples = convs[:3]
     if req.dev and spec.dev_examples:
         t = time.monotonic()
         dev = dev_examples(spec)
