@@ -69,6 +69,12 @@ def recompute(run_dir: Path, store: dict) -> dict:
         scores = scores_from_store(store, spec["family"], baseline["fingerprint"],
                                    spec["constraints"]["allowed_base_models"], list(baseline.get("excluded", {})),
                                    baseline.get("setups"))
+        if missing := sorted(set(baseline.get("scores", {})) - set(scores)):  # the store cannot say
+            setups = baseline.get("setups") or {}
+            raise SystemExit("cannot recompute: the baselines store holds no frozen score for "
+                             + ", ".join(f"{m} (setup {setups.get(m, '?')})" for m in missing)
+                             + f" on hidden set {baseline['fingerprint']}, which the episode's best_pre used; "
+                             "pass the store it was scored with (--baselines)")
     best_pre = max(scores.values()) if scores else None
     quality = speed = uplift = 0.0
     post = job["post"] if job and job["ok"] else None

@@ -65,3 +65,14 @@ def test_an_episode_with_uplift_recomputes_exactly(tmp_path, monkeypatch):
     code, out = recompute(Path(result.run_dir), tmp_path / "b.json")
     assert code == 0 and out["match"], out
     assert out["recomputed"]["uplift_term"] == (0.67 - 0.31) / (1 - 0.31)
+
+
+def test_a_store_without_the_episodes_baseline_says_why_it_cannot_recompute(tmp_path):
+    copy = tmp_path / "replay"
+    shutil.copytree(REPLAY, copy)
+    (copy / "baselines.json").write_text(json.dumps({"baselines": []}))
+    (run_dir,) = [p for p in copy.iterdir() if p.is_dir()]
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(run_dir), "--baselines", str(copy / "baselines.json")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "cannot recompute" in proc.stderr and "--baselines" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
