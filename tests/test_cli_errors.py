@@ -186,3 +186,29 @@ def test_piped_progress_is_a_line_per_event(tmp_path):
     assert [line.split("] ", 1)[1] for line in lines] == ["episode on x", "probing submission 1",
                                                            "training and evaluating (tiny)"]
 
+
+
+# ---- the newcomer's smaller findings ---------------------------------------------------------------
+
+def test_a_task_that_is_a_directory_says_so(tmp_path):
+    (tmp_path / "spec").mkdir()
+    (tmp_path / "spec" / "task.json").write_text(TASK.read_text())
+    one_line_error(ait("tasks", "show", "spec", cwd=tmp_path), "is a directory", "spec/task.json")
+
+
+def test_a_huge_task_spec_is_refused_by_its_size_before_it_is_read(tmp_path):
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(3 * 2**30)  # sparse: 3 GiB that takes no disk; reading it whole took 6 GB of memory
+    one_line_error(ait("tasks", "show", str(big), cwd=tmp_path, timeout=60), "3072 MiB", "16 MiB")
+
+
+def test_job_validate_takes_the_workspaces_task_and_names_env_py_that_is_a_directory(tmp_path):
+    assert ait("job", "init", "ws", "--task", str(TASK), cwd=tmp_path).returncode == 0
+    ws = tmp_path / "ws"
+    (ws / "env.py").unlink()
+    (ws / "env.py").mkdir()
+    proc = ait("job", "validate", "ws", cwd=tmp_path)  # no --task: the workspace's task.json
+    assert proc.returncode == 1 and "env.py is a directory" in proc.stdout, (proc.stdout, proc.stderr)
+    (tmp_path / "bare").mkdir()
+    one_line_error(ait("job", "validate", "bare", cwd=tmp_path), "no task.json", "--task")

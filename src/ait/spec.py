@@ -76,11 +76,20 @@ class SpecError(ValueError):
     """A TaskSpec file that cannot be used; the message says what and where."""
 
 
+MAX_SPEC_BYTES = 16 << 20  # the shipped specs are a few KB
+
+
 def load_spec(path: str | Path) -> TaskSpec:
     """A TaskSpec file, checked for structure and for meaning (its family, knobs and tools exist)."""
     path = Path(path)
+    if path.is_dir():
+        raise SpecError(f"task spec {path} is a directory: pass the TaskSpec JSON file itself")
     if not path.is_file():
         raise SpecError(f"task spec {path} does not exist; see `ait tasks list` for the shipped ones")
+    size = path.stat().st_size
+    if size > MAX_SPEC_BYTES:  # read whole, a 3 GB file took 6 GB of memory before failing
+        raise SpecError(f"task spec {path} is {size / 2**20:.0f} MiB, over the {MAX_SPEC_BYTES // 2**20} MiB a "
+                        "TaskSpec may be: it holds a few dev examples, never a dataset")
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as e:

@@ -36,6 +36,9 @@ def find_task(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if path.is_file():
         return path
+    if path.is_dir():
+        hint = f" (it holds {path / 'task.json'})" if (path / "task.json").is_file() else ""
+        fail(f"task {name_or_path!r} is a directory: pass a TaskSpec JSON file{hint} or a name from `ait tasks list`")
     for d in tasks_dirs():
         if (d / f"{name_or_path}.json").is_file():
             return d / f"{name_or_path}.json"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from typing import Optional
+
 import typer
 from rich.markup import escape
 
@@ -35,7 +37,8 @@ def job_init(workspace: Path = typer.Argument(..., help="Directory to create (mu
 
 @app.command("validate")
 def job_validate(workspace: Path = typer.Argument(..., help="Workspace with job.toml and env.py."),
-                 task: str = typer.Option(..., "--task", help="TaskSpec path or name."),
+                 task: Optional[str] = typer.Option(None, "--task", help="TaskSpec path or name "
+                                                    "(default: the workspace's task.json, as `ait job init` writes it)."),
                  timeout: float = typer.Option(60.0, min=1.0, max=3600.0, help="Probe time limit in seconds."),
                  as_json: bool = typer.Option(False, "--json", help="Print the ProbeReport as JSON.")) -> None:
     """Validate a workspace; exit status 1 when the job is invalid. Static checks (job.toml, env.py's
@@ -43,9 +46,13 @@ def job_validate(workspace: Path = typer.Argument(..., help="Workspace with job.
     from ait.probe.runner import probe_workspace, static_errors
     from ait.probe.types import ProbeReport
 
-    spec, _ = load_task(task)
     if not workspace.is_dir():
         fail(f"workspace {workspace} is not a directory (start one with `ait job init DIR --task T`)")
+    if task is None:
+        if not (workspace / "task.json").is_file():
+            fail(f"workspace {workspace} has no task.json: pass --task (a TaskSpec path or a name from `ait tasks list`)")
+        task = str(workspace / "task.json")
+    spec, _ = load_task(task)
     errors = static_errors(workspace, spec)
     if errors:
         report, note = ProbeReport(valid=False, errors=errors), " (static checks; fix these, then the probe runs)"

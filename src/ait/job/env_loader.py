@@ -46,6 +46,8 @@ class EnvSurface:
 def import_env(path: str | Path) -> ModuleType:
     """Import env.py as a fresh module; any exception becomes an EnvLoadError with the line."""
     path = Path(path)
+    if path.is_dir():
+        raise EnvLoadError(f"{path.name} is a directory: it must be a Python file")
     if not path.is_file():
         raise EnvLoadError(f"{path.name} not found in the workspace")
     import_task_tools(path.parent)

@@ -59,7 +59,9 @@ def static_errors(workspace: str | Path, spec: TaskSpec) -> list[ProbeError]:
         errors.append(ProbeError(check=ProbeCheck.config, message=str(e)))
     env = workspace / "env.py"
     if not env.is_file():
-        errors.append(ProbeError(check=ProbeCheck.env_import, message="env.py not found in the workspace"))
+        what = ("env.py is a directory: it must be a Python file" if env.is_dir() and not env.is_symlink()
+                else "env.py not found in the workspace")
+        errors.append(ProbeError(check=ProbeCheck.env_import, message=what))
         return errors
     try:
         ast.parse(read_regular_file(env, 5_000_000).decode("utf-8"), filename="env.py")
