@@ -212,3 +212,18 @@ def test_job_validate_takes_the_workspaces_task_and_names_env_py_that_is_a_direc
     assert proc.returncode == 1 and "env.py is a directory" in proc.stdout, (proc.stdout, proc.stderr)
     (tmp_path / "bare").mkdir()
     one_line_error(ait("job", "validate", "bare", cwd=tmp_path), "no task.json", "--task")
+
+
+def test_a_prime_rl_export_refuses_a_model_that_is_not_a_hub_id_and_says_where_prime_rl_comes_from(tmp_path):
+    ws = tmp_path / "ws"
+    assert ait("job", "init", "ws", "--task", str(TASK), cwd=tmp_path).returncode == 0
+    reference = ROOT / "src" / "ait" / "policy" / "reference_jobs" / "calc_chain"
+    for name in ("job.toml", "env.py"):
+        (ws / name).write_text((reference / name).read_text())
+    one_line_error(ait("job", "export", "ws", "out", "--to", "prime-rl", "--model", "notamodel", cwd=tmp_path),
+                   "not a Hugging Face model id", "ORG/NAME")
+    assert not (tmp_path / "out").exists()
+    proc = ait("job", "export", "ws", "out", "--to", "prime-rl", "--model", "Qwen/Qwen2.5-0.5B", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "checkout of prime-rl" in " ".join(proc.stdout.split())
+    assert "github.com/PrimeIntellect-ai/prime-rl" in (tmp_path / "out" / "rl.toml").read_text()

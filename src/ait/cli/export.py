@@ -45,7 +45,8 @@ def job_export(workspace: Path = typer.Argument(..., help="Workspace with job.to
                       f"run: see {escape(str(result.out_dir / 'README.md'))}", highlight=False, soft_wrap=True)
     else:
         console.print(f"model: {escape(result.model or '')}; install: uv pip install {pkg}; "
-                      f"train: uv run rl @ {escape(str(result.out_dir / 'rl.toml'))}", highlight=False, soft_wrap=True)
+                      f"train: uv run rl @ {escape(str(result.out_dir / 'rl.toml'))} (in a checkout of prime-rl, "
+                      "github.com/PrimeIntellect-ai/prime-rl)", highlight=False, soft_wrap=True)
     if result.third_party_imports:
         console.print(f"[yellow]note:[/] env.py imports {escape(', '.join(result.third_party_imports))}: add what "
                       f"provides them to {pkg}/pyproject.toml", highlight=False, soft_wrap=True)

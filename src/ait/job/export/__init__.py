@@ -12,6 +12,7 @@ prime-rl themselves.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -69,6 +70,10 @@ class ExportResult:
         }
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+"""A Hugging Face repo id, ORG/NAME (what prime-rl's model.name loads)."""
+
+
 def export_job(workspace: str | Path, target: str, out_dir: str | Path, *, model: str | None = None,
                name: str | None = None, force: bool = False) -> ExportResult:
     """Export the workspace's job to `target` under `out_dir` (created; an existing non-empty directory
@@ -77,6 +82,8 @@ def export_job(workspace: str | Path, target: str, out_dir: str | Path, *, model
         raise ExportError(f"unknown target {target!r}: choose one of {', '.join(TARGETS)}")
     if model is not None and target != "prime-rl":
         raise ExportError("--model applies to --to prime-rl (a verifiers environment does not name a model)")
+    if model is not None and not HUB_ID.fullmatch(model):
+        raise ExportError(f"--model {model!r} is not a Hugging Face model id: pass ORG/NAME, e.g. Qwen/Qwen2.5-0.5B")
     ws = load_workspace(workspace)
     dist, module = package_names(ws, name)
     out = Path(out_dir)

@@ -23,7 +23,8 @@ def rl_toml(plan: PrimeRLPlan, slug: str, env_dir: str) -> str:
     """The whole rl.toml: a header naming every job.toml setting without a counterpart, then the config."""
     lines = [
         f"# prime-rl config for the ait job {slug!r}, written by `ait job export --to prime-rl` from its job.toml.",
-        f"# Install the environment first (`uv pip install ./{env_dir}`), then: `uv run rl @ rl.toml`.",
+        f"# Run from a checkout of prime-rl (github.com/PrimeIntellect-ai/prime-rl, `uv sync` there): install the",
+        f"# environment first (`uv pip install ./{env_dir}`), then: `uv run rl @ rl.toml`.",
         "# NOTES.md beside this file maps every job.toml setting to its prime-rl field.",
     ]
     unmapped = plan.unmapped
