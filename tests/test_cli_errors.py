@@ -227,3 +227,11 @@ def test_a_prime_rl_export_refuses_a_model_that_is_not_a_hub_id_and_says_where_p
     assert proc.returncode == 0, proc.stderr
     assert "checkout of prime-rl" in " ".join(proc.stdout.split())
     assert "github.com/PrimeIntellect-ai/prime-rl" in (tmp_path / "out" / "rl.toml").read_text()
+
+
+@pytest.mark.parametrize("command", ["episode", "eval"])
+def test_a_base_url_that_is_not_http_is_one_clear_line(tmp_path, command):
+    args = ["--policy", "openai:some-model", "--base-url", "not-a-url"]
+    extra = ["--task", str(TASK)] if command == "episode" else ["--tasks", str(TASK), "--episodes", "1", "--out", "o"]
+    line = one_line_error(ait(command, *args, *extra, cwd=tmp_path), "'not-a-url' is not an http(s) URL", code=2)
+    assert line.count("not-a-url") == 1 and "error: 2" not in line

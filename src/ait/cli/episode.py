@@ -110,6 +110,8 @@ def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path
         if preflight and (problem := getattr(agent, "preflight", lambda: None)()):  # after the offline checks
             raise ValueError(problem)
         make_executor(cfg)  # fail now, not mid-episode, if the executor cannot start (e.g. Ray missing)
+    except typer.Exit:  # fail() above already said it (click's Exit is a RuntimeError)
+        raise
     except (ConfigError, ValueError, RuntimeError) as e:
         fail(str(e))
     root = writable_dir(runs_dir or runs_root(), "--runs-dir")

@@ -14,8 +14,9 @@ a known reason raises `PolicyStop`; any other exception ends the episode as poli
 from __future__ import annotations
 
 from typing import Any, Protocol
+from urllib.parse import urlparse
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ait.contract import Strict
 from ait.harness.types import Message
@@ -48,6 +49,13 @@ class PolicySettings(Strict):
     """Seconds one openai: request may take before it is retried (default 120)."""
     salvage_tool_calls: bool = False
     """openai: read tool calls a model writes as text (bare JSON, <tool_call> tags)."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None and (urlparse(v).scheme not in ("http", "https") or not urlparse(v).netloc):
+            raise ValueError(f"--base-url {v!r} is not an http(s) URL: pass e.g. http://127.0.0.1:8080/v1")
+        return v
 
     def make(self) -> Policy:
         return make_policy(self.policy, base_url=self.base_url, temperature=self.temperature,
