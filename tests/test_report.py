@@ -378,3 +378,12 @@ def test_cli_help_explains_where_it_writes(tmp_path) -> None:
     for phrase in ("--out", "--json", "./report-<run name>.html in the current directory",
                    "never inside RUN_DIR unless --out points there"):
         assert phrase in text, phrase
+
+
+def test_wall_time_is_the_runs_span_not_the_sum_of_its_steps() -> None:
+    """Steps of 10 s each, 60 s apart (agent sampling, a machine's restart between them): the run took
+    from the first step's start to the last one's end, 10 + 2 * 60 = 130 s, not 30 s."""
+    steps = [{"step": i, "time": 1000.0 + 60 * i, "seconds": 10.0, "reward_mean": 0.0} for i in range(3)]
+    summary = summarize(steps)
+    assert summary["seconds_total"] == 30.0 and summary["seconds_span"] == 130.0
+    assert summarize([{"step": 0, "reward_mean": 0.0}])["seconds_span"] is None

@@ -146,6 +146,16 @@ def config_label(config: dict[str, Any]) -> str:
     return f"{config.get('base_model', '?')} lr {lr_text} {steps} steps ×{config.get('count', 1)}"
 
 
+def span(rows: list[dict[str, Any]]) -> float | None:
+    """Wall seconds from the first step's start (its row's time less its seconds) to the last row's
+    time: what a reader means by how long the run took, where the sum of step times leaves out the
+    waits between them."""
+    timed = [r for r in rows if _is_number(r.get("time"))]
+    if not timed or not _is_number(timed[0].get("seconds")):
+        return None
+    return max(r["time"] for r in timed) - (timed[0]["time"] - timed[0]["seconds"])
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """What a reader wants first: how long, how good at the start, the end and at best, what it cost."""
     reward = series(rows, "reward_mean")
@@ -180,6 +190,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "policy_tokens": total("policy_tokens"),
         "train_tokens": total("train_tokens"),
         "seconds_total": total("seconds"),
+        "seconds_span": span(rows),
         "timed_out": total("timed_out"),
         "resampled_groups": total("resampled_groups"),
         "infra_errors": total("infra_errors"),
