@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import stat
 import sys
@@ -275,7 +276,18 @@ def score(model, tokenizer, spec, examples, batch_size) -> tuple[list[float], li
     """Each example's score, and its conversation (its system and user turns are the example's)."""
     family = get_family(spec.family)
     convs = run_conversations(model, tokenizer, family, spec.eval_format, examples, batch_size)
-    return [float(family.score(final_response(c), ex.answer)) for c, ex in zip(convs, examples)], convs
+    return [safe_score(family, final_response(c), ex.answer) for c, ex in zip(convs, examples)], convs
+
+
+def safe_score(family, response: str, answer: str) -> float:
+    """The family's score of one reply, 0.0 when the reply breaks the scorer: what the trained model
+    writes is the job's outcome, so a reply no scorer can read (a 5,000-digit number, a lone
+    surrogate) scores nothing instead of failing the eval as if the infrastructure had."""
+    try:
+        value = float(family.score(response, answer))
+    except Exception:  # noqa: BLE001 - any scorer error on a model's text is that text's fault
+        return 0.0
+    return min(max(value, 0.0), 1.0) if math.isfinite(value) else 0.0
 
 
 class NoCheckpoint(Exception):

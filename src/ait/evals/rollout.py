@@ -16,7 +16,7 @@ from typing import Any
 
 from ait.contract import EvalFormat
 from ait.families import Example, Family
-from ait.families.base import call_bound
+from ait.families.base import ToolCall, call_bound
 from ait.train.chat_format import parse_reply, stop_ids
 
 
@@ -54,6 +54,10 @@ def run_conversations(model, tokenizer, family: Family, fmt: EvalFormat, example
             for i, prompt_ids, ids in zip(batch, prompts, generate(prompts, fmt.max_new_tokens)):
                 text = tokenizer.decode(ids, skip_special_tokens=True)
                 content, calls = parse_reply(tokenizer, ids, text, prompt_ids)
+                # JSON can spell a lone surrogate ("\ud800"), which no tokenizer encodes: the next turn's
+                # prompt would fail the whole eval, on text the trained model chose to write.
+                content = scrub(content)
+                calls = [ToolCall(name=scrub(c.name), arguments=scrub(c.arguments)) for c in calls]
                 msg: dict[str, Any] = {"role": "assistant", "content": content}
                 if calls:
                     msg["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -61,10 +65,26 @@ def run_conversations(model, tokenizer, family: Family, fmt: EvalFormat, example
                 convs[i].append(msg)
                 if calls:
                     for c in calls:
-                        convs[i].append({"role": "tool", "name": c.name, "content": call_bound(bound[i], c)})
+                        convs[i].append({"role": "tool", "name": c.name, "content": scrub(call_bound(bound[i], c))})
                     still_active.append(i)
         active = still_active
     return convs
+
+
+def scrub(value: Any) -> Any:
+    """`value` with every string (in dicts and lists too, keys included) made encodable as UTF-8:
+    a lone surrogate becomes '?'."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {scrub(k): scrub(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub(v) for v in value]
+    return value
 
 
 def final_response(conv: list[dict[str, Any]]) -> str:

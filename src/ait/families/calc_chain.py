@@ -26,6 +26,8 @@ PHRASES = {
     "/": ["divide it by {b}", "split it into {b} equal parts and keep one part"],
 }
 MAX_MAGNITUDE = 10**100  # above any gold value the difficulty bounds allow; keeps tool output short
+MAX_EXPONENT = 120  # a number's decimal exponent, either way: beyond MAX_MAGNITUDE, and cheap to make exact
+MAX_NUMBER_TEXT = 400  # characters of one number's text
 ANSWER_RE = re.compile(r"answer\s*[:=]\s*([-+−]?\s*[\d,]+(?:\.\d+)?)", re.IGNORECASE)
 
 
@@ -56,9 +58,15 @@ def to_number(x: object) -> int | Fraction:
         raise ValueError("a boolean is not a number")
     if isinstance(x, int):
         return x
-    d = Decimal(str(x).strip().replace(",", "").replace("−", "-"))
+    text = str(x).strip().replace(",", "").replace("−", "-")
+    if len(text) > MAX_NUMBER_TEXT:  # a number's digits are parsed in linear time, but not a page of them
+        raise ValueError("too many digits")
+    d = Decimal(text)
     if not d.is_finite():
         raise ValueError("not a finite number")
+    if d and not -MAX_EXPONENT <= d.adjusted() <= MAX_EXPONENT:
+        # Fraction("1e999999999") would build a billion-digit integer: the eval would spin until its timeout
+        raise ValueError("out of range")
     f = Fraction(d)
     return f.numerator if f.denominator == 1 else f
 

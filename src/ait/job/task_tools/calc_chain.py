@@ -10,6 +10,7 @@
 """
 
 import json
+import math
 import random
 import re
 from pathlib import Path
@@ -56,6 +57,8 @@ class Environment:
             r = a / b
         else:
             return f"error: op must be one of + - * /, got {op!r}"
+        if not math.isfinite(r):  # float("1e999") is inf: int(inf) would raise out of the tool
+            return "error: result out of range"
         return str(int(r)) if r == int(r) else f"{r:.6f}".rstrip("0").rstrip(".")
 
 
