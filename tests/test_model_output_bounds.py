@@ -80,3 +80,58 @@ def test_a_scorer_that_raises_or_returns_nonsense_scores_zero():
     assert safe_score(Broken(ValueError("Exceeds the limit (4300 digits)")), "x", "y") == 0.0
     assert safe_score(Broken(float("nan")), "x", "y") == 0.0
     assert safe_score(Broken(7.0), "x", "y") == 1.0 and safe_score(Broken(1.0), "x", "y") == 1.0
+
+
+def test_a_checkpoint_padded_past_its_base_model_is_refused_before_it_is_loaded(tmp_path):
+    """Extra safetensors files of many zero-size tensors: the eval read every header whole and was
+    killed for memory (an infra error). Counted against the base model first, they are refused as
+    the job's checkpoint, which is the job's fault."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from ait.evals.hidden_eval import CheckpointError, apply_checkpoint, checkpoint_bounds, load_checkpoint_tensors
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
+    bounds = checkpoint_bounds(model)
+    ckpt = tmp_path / "checkpoint"
+    ckpt.mkdir()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
+              str(ckpt / "model.safetensors"))
+    assert apply_checkpoint(model, load_checkpoint_tensors(ckpt, bounds)) is False  # an honest one loads
+    save_file({f"pad.{i}": torch.zeros(0) for i in range(bounds.tensors + 1)}, str(ckpt / "pad.safetensors"))
+    with pytest.raises(CheckpointError, match="more than the base model can"):
+        load_checkpoint_tensors(ckpt, bounds)
+    (ckpt / "pad.safetensors").unlink()
+    (ckpt / "zhuge.safetensors").write_bytes((1 << 40).to_bytes(8, "little") + b"{}")  # claims a 1 TiB header
+    with pytest.raises(CheckpointError, match="header"):
+        load_checkpoint_tensors(ckpt, bounds)
+
+
+class Finished:
+    """A started eval process that has already ended the given way."""
+
+    def __init__(self, outcome):
+        self.outcome = outcome
+
+    def finish(self, timeout_s, stdin_line=None):
+        return self.outcome
+
+
+@pytest.mark.parametrize("returncode,timed_out", [(-9, False), (1, False), (None, True)])
+def test_an_eval_that_dies_on_the_trained_checkpoint_is_the_jobs_failure(tmp_path, returncode, timed_out):
+    """Killed for memory, crashed or out of time after it turned to the checkpoint: the job's; the
+    same before (loading the base model, scoring pre): the infrastructure's."""
+    from ait.evals.hidden_eval import PHASE_NAME
+    from ait.evals.runner import EvalFailed, finish_eval
+    from ait.sandbox.process import RunOutcome
+
+    outcome = RunOutcome(returncode, timed_out, 5.0, "Killed")
+    for phase, jobs in ((None, False), ("post", True)):
+        eval_dir = tmp_path / f"eval-{phase}-{returncode}"
+        eval_dir.mkdir()
+        if phase:
+            (eval_dir / PHASE_NAME).write_text(phase)
+        with pytest.raises(EvalFailed) as failed:
+            finish_eval(Finished(outcome), None, eval_dir)
+        assert failed.value.job_fault is jobs and ("on the trained checkpoint" in str(failed.value)) is jobs

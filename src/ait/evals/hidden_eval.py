@@ -24,6 +24,7 @@ import stat
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from pydantic import BaseModel, Field
 
@@ -104,14 +105,50 @@ class CheckpointError(ValueError):
     """A trained checkpoint that cannot be trusted or does not fit the base model."""
 
 
+PHASE_NAME = "phase"  # written beside the report when the eval turns to the trained checkpoint
 MAX_CHECKPOINT_FILES = 64
+MAX_HEADER_BYTES = 16 << 20  # a 1.5B model's whole header is ~40 KB; millions of empty tensors are not
 
 
-def load_checkpoint_tensors(checkpoint: Path) -> dict:
+class Bounds(NamedTuple):
+    """What a checkpoint of the base model can hold, checked before any file is loaded."""
+
+    tensors: int
+    """Tensors, over all files."""
+    data_bytes: int
+    """Bytes of tensor data, over all files."""
+
+
+def checkpoint_bounds(model) -> Bounds:
+    """The base model's own tensor count, and its bytes at 8 per parameter (float64, the widest
+    dtype a trainer could save), each with room for tied or duplicated copies."""
+    state = model.state_dict()
+    return Bounds(tensors=2 * len(state) + 16, data_bytes=2 * 8 * sum(t.numel() for t in state.values()) + (1 << 20))
+
+
+def read_header(fd: int, name: str) -> dict:
+    """A safetensors file's JSON header (8-byte little-endian length, then the JSON), bounded before
+    it is read: a header of millions of zero-size tensors would exhaust memory inside the loader."""
+    head = os.pread(fd, 8, 0)
+    if len(head) != 8:
+        raise CheckpointError(f"checkpoint file {name!r} is not valid safetensors (no header)")
+    size = int.from_bytes(head, "little")
+    if size > MAX_HEADER_BYTES:
+        raise CheckpointError(f"checkpoint file {name!r} has a {size:,}-byte header (at most {MAX_HEADER_BYTES:,})")
+    try:
+        header = json.loads(os.pread(fd, size, 8))
+    except (ValueError, RecursionError):
+        raise CheckpointError(f"checkpoint file {name!r} is not valid safetensors (its header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"checkpoint file {name!r} is not valid safetensors (its header is not an object)")
+    return header
+
+
+def load_checkpoint_tensors(checkpoint: Path, bounds: Bounds | None = None) -> dict:
     """Every *.safetensors file directly in `checkpoint`, opened without following a link at the
-    directory or at any file (the job wrote them: a link to a secret or a device is refused)."""
-    from safetensors.torch import load_file
-
+    directory or at any file (the job wrote them: a link to a secret or a device is refused).
+    `bounds`: the base model's (checkpoint_bounds); every file's header is read and counted
+    against them before any file is loaded."""
     try:
         dir_fd = os.open(checkpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as e:
@@ -122,26 +159,45 @@ def load_checkpoint_tensors(checkpoint: Path) -> dict:
             raise CheckpointError("the checkpoint holds no *.safetensors file (other formats are never loaded)")
         if len(names) > MAX_CHECKPOINT_FILES:
             raise CheckpointError(f"the checkpoint holds {len(names)} safetensors files (at most {MAX_CHECKPOINT_FILES})")
-        tensors = {}
-        for name in names:
-            try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
-            except OSError as e:
-                raise CheckpointError(f"checkpoint file {name!r} cannot be opened as a plain file ({e.strerror})") from None
-            try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise CheckpointError(f"checkpoint file {name!r} is not a regular file")
+        fds = {}
+        try:
+            count = data = 0
+            for name in names:
                 try:
-                    # The open descriptor, by its /proc path: the file checked is the file loaded.
-                    tensors.update(load_file(f"/proc/self/fd/{fd}"))
-                except Exception as e:  # noqa: BLE001 - a malformed file is the checkpoint's fault
-                    raise CheckpointError(f"checkpoint file {name!r} is not valid safetensors "
-                                          f"({type(e).__name__})") from None
-            finally:
+                    fds[name] = fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+                except OSError as e:
+                    raise CheckpointError(f"checkpoint file {name!r} cannot be opened as a plain file "
+                                          f"({e.strerror})") from None
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise CheckpointError(f"checkpoint file {name!r} is not a regular file")
+                if bounds is not None:
+                    count += len([k for k in read_header(fd, name) if k != "__metadata__"])
+                    data += st.st_size
+                    if count > bounds.tensors or data > bounds.data_bytes:
+                        raise CheckpointError(
+                            f"the checkpoint holds more than the base model can: {count:,} tensors and {data:,} "
+                            f"bytes so far (at most {bounds.tensors:,} and {bounds.data_bytes:,})")
+            return load_opened(fds)
+        finally:
+            for fd in fds.values():
                 os.close(fd)
-        return tensors
     finally:
         os.close(dir_fd)
+
+
+def load_opened(fds: dict[str, int]) -> dict:
+    """The tensors of the checked, open safetensors files, each read through its open descriptor
+    (by its /proc path: the file checked is the file loaded)."""
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for name, fd in fds.items():
+        try:
+            tensors.update(load_file(f"/proc/self/fd/{fd}"))
+        except Exception as e:  # noqa: BLE001 - a malformed file is the checkpoint's fault
+            raise CheckpointError(f"checkpoint file {name!r} is not valid safetensors ({type(e).__name__})") from None
+    return tensors
 
 
 def apply_checkpoint(model, tensors: dict) -> bool:
@@ -350,8 +406,12 @@ def evaluate(req: EvalRequest) -> EvalReport:
         if req.threads_after_go:
             torch.set_num_threads(req.threads_after_go)
     if req.checkpoint:
+        # From here on the eval runs on what the job wrote: if it dies now (out of memory on the
+        # checkpoint, past its time on the trained model's replies) that is the job's outcome.
+        (Path(req.out_path).parent / PHASE_NAME).write_text("post")
         try:
-            report.weights_changed = apply_checkpoint(model, load_checkpoint_tensors(Path(req.checkpoint)))
+            tensors = load_checkpoint_tensors(Path(req.checkpoint), checkpoint_bounds(model))
+            report.weights_changed = apply_checkpoint(model, tensors)
         except CheckpointError:
             raise
         except Exception as e:  # noqa: BLE001 - whatever the job wrote that could not be applied is its fault

@@ -95,15 +95,31 @@ def finish_eval(process: StartedProcess, req: EvalRequest, eval_dir: Path, timeo
     """Wait for the eval, then read its report (raises EvalFailed with the reason)."""
     outcome = process.finish(timeout_s, stdin_line=stdin_line)
     forget_examples(eval_dir)
-    if outcome.timed_out:
-        raise EvalFailed(f"the eval timed out after {outcome.seconds:.0f}s")
-    if outcome.returncode == EXIT_BAD_CHECKPOINT:
-        raise EvalFailed(f"the trained checkpoint was refused: {last_line(outcome.log_tail)}", job_fault=True)
+    on_checkpoint = reached_checkpoint(eval_dir)
     if outcome.returncode == EXIT_GPU_FAULT:
         raise EvalFailed(f"a CUDA fault ended the eval: {last_line(outcome.log_tail)}", gpu_fault=True)
+    if outcome.returncode == EXIT_BAD_CHECKPOINT:
+        raise EvalFailed(f"the trained checkpoint was refused: {last_line(outcome.log_tail)}", job_fault=True)
+    # Past the point where it turned to the trained checkpoint, the eval ran only on what the job
+    # wrote: its failure then is the job's (memory, time), not the infrastructure's.
+    where = " on the trained checkpoint" if on_checkpoint else ""
+    if outcome.timed_out:
+        raise EvalFailed(f"the eval timed out after {outcome.seconds:.0f}s{where}", job_fault=on_checkpoint)
     if outcome.returncode != 0:
-        raise EvalFailed(f"the eval exited with status {outcome.returncode}\n{outcome.log_tail}")
+        raise EvalFailed(f"the eval exited with status {outcome.returncode}{where}\n{outcome.log_tail}",
+                         job_fault=on_checkpoint)
     return read_report(req)
+
+
+def reached_checkpoint(eval_dir: Path) -> bool:
+    """The eval had turned to the trained checkpoint (its phase marker, which only the eval writes)."""
+    from ait.evals.hidden_eval import PHASE_NAME
+    from ait.safe_io import read_regular_file
+
+    try:
+        return read_regular_file(eval_dir / PHASE_NAME, 64).strip() == b"post"
+    except (UnsafeFile, OSError):
+        return False
 
 
 def run_eval(req: EvalRequest, eval_dir: Path, log_path: Path, *, readable: list[str],
