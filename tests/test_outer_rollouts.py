@@ -143,6 +143,9 @@ def test_a_job_running_past_the_limit_is_killed_and_the_episode_scored(tmp_path,
             proc.wait()
             return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.killed)
 
+        def started(self, job: Job) -> bool:
+            return bool(started)
+
     monkeypatch.setattr(episode_mod, "probe_workspace", valid_probe)
     monkeypatch.setattr(episode_mod, "make_executor", lambda config: Sleeper())
     from ait.train.models import resolve_base_model

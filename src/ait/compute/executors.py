@@ -22,6 +22,10 @@ class Executor(Protocol):
     def run(self, job: Job) -> JobResult:
         """Run a job to completion and return its result (failures are results, not exceptions)."""
 
+    def started(self, job: Job) -> bool:
+        """Whether `job` was given its slot (a worker, a GPU) and began to run: a job an episode's
+        deadline finds still waiting for one was held up by other work, not by anything it did."""
+
 
 def cancel_job(executor: Executor, job: Job) -> None:
     """Stop a job its episode gave up on (Ctrl-C): the queue cancels it, a Ray task is cancelled,
@@ -36,6 +40,9 @@ def cancel_job(executor: Executor, job: Job) -> None:
 class InlineExecutor:
     def run(self, job: Job) -> JobResult:
         return run_job(job)
+
+    def started(self, job: Job) -> bool:
+        return True  # it runs in this process's control from the call on: nothing to wait for
 
 
 class QueueExecutor:
@@ -70,9 +77,13 @@ class QueueExecutor:
         # Dead: its leases kept expiring (workers lost), or it was cancelled; no result at all.
         return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.infra, error=entry.error)
 
+    def started(self, job: Job) -> bool:
+        entry = self.queue.get(job.job_id)
+        return entry is not None and entry.attempts > 0  # a worker claimed it at least once
+
     def cancel(self, job: Job) -> None:
-        """The episode gave up (Ctrl-C): no worker may train it into an abandoned run directory."""
-        self.queue.cancel(job.job_id, "cancelled: its episode was interrupted")
+        """The episode gave up (Ctrl-C, its deadline): no worker may train it into an abandoned run directory."""
+        self.queue.cancel(job.job_id, "cancelled: its episode was interrupted or ran out of time")
 
 
 def make_executor(config: EpisodeConfig) -> Executor:

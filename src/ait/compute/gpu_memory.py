@@ -94,7 +94,8 @@ class GpuLedger:
 
     @contextmanager
     def reserve(self, gpu: str, gib: float, exclusive: bool = False, max_jobs: int | None = None):
-        """Yields a Reservation whose `shared` turns True if any other job ran on the GPU meanwhile.
+        """Yields a Reservation whose `shared` turns True if any other job ran on the GPU meanwhile
+        (and whose `peak_jobs` counts the most that ran at once).
         `max_jobs`: the most jobs this one may share its GPU with, itself included (its model's measured
         best K); it waits until that holds, and no job is admitted beside it past that either."""
         cap = self.capacity.get(gpu)
@@ -128,6 +129,7 @@ class GpuLedger:
             if len(self.active[gpu]) > 1:
                 for t in self.active[gpu]:
                     t.shared = True
+                    t.peak_jobs = max(t.peak_jobs, len(self.active[gpu]))
         try:
             yield token
         finally:
@@ -140,6 +142,8 @@ class GpuLedger:
 
 class Reservation:
     shared = False
+    peak_jobs = 1
+    """The most jobs that ran on the GPU at once while this one held it, itself included."""
 
     def __init__(self, max_jobs: int | None = None):
         self.max_jobs = max_jobs

@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ait.compute import processes
-from ait.compute.packing import Packing
+from ait.compute.packing import Packing, packed_slowdown
 from ait.compute.run_job import run_job, usable_cores
 from ait.job.types import FailReason, Job, JobResult
 from ait.train.request import LOGIT_BUDGET, LOGIT_BUDGET_ENV
@@ -194,13 +194,40 @@ class LocalExecutor:
         for env in slots:
             self._free.put(env)
         self.ledger = ledger_for(slots, capacity_gib, reserved_gib)
+        self._lock = threading.Lock()
+        self._started: set[str] = set()  # job ids that got a slot and their GPU's admission
+        self._cancelled: set[str] = set()  # job ids given up on before they started: never start them
 
     def run(self, job: Job) -> JobResult:
         env = self._free.get()  # blocks while every slot is busy
         try:
-            return run_admitted(self.ledger, self.job_fn, job, env, self.model_packing)
+            return run_admitted(self.ledger, self.job_fn, job, env, self.model_packing,
+                                on_start=lambda: self._start(job))
+        except NotStarted:
+            return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.killed,
+                             error="cancelled before it got a slot: it never ran")
         finally:
             self._free.put(env)
+
+    def _start(self, job: Job) -> None:
+        with self._lock:
+            if job.job_id in self._cancelled:
+                raise NotStarted(job.job_id)
+            self._started.add(job.job_id)
+
+    def started(self, job: Job) -> bool:
+        with self._lock:
+            return job.job_id in self._started
+
+    def cancel(self, job: Job) -> None:
+        """The episode gave up on the job (Ctrl-C, its deadline): if it is still waiting, it never starts."""
+        with self._lock:
+            if job.job_id not in self._started:
+                self._cancelled.add(job.job_id)
+
+
+class NotStarted(Exception):
+    """A job cancelled while it waited for its slot or its GPU's admission."""
 
 
 def ledger_for(slots: list[dict[str, str]], capacity_gib: dict[str, float | None] | None = None,
@@ -215,12 +242,15 @@ def ledger_for(slots: list[dict[str, str]], capacity_gib: dict[str, float | None
 
 
 def run_admitted(ledger, job_fn: JobFn, job: Job, env: dict[str, str],
-                 model_packing: dict[str, Packing] | None = None) -> JobResult:
+                 model_packing: dict[str, Packing] | None = None,
+                 on_start: Callable[[], None] = lambda: None) -> JobResult:
     """Run `job` once its estimated memory fits its GPU beside the jobs running there (and, where its
     base model's packing was measured, once at most that K jobs share the GPU, itself at that row's SM
-    share); a packed job that runs out of memory or dies of a GPU fault is run again alone."""
+    share); a packed job that runs out of memory or dies of a GPU fault is run again alone. `on_start`
+    is called once the job is admitted, just before it first runs (it may raise to keep it from running)."""
     gpu = env.get("CUDA_VISIBLE_DEVICES", "")
     if not gpu or gpu not in ledger.used:
+        on_start()
         return job_fn(job, env)
     measured = (model_packing or {}).get(job.config.job.base_model)
     if measured is not None and MPS_THREAD_PERCENTAGE_ENV in env:
@@ -231,16 +261,22 @@ def run_admitted(ledger, job_fn: JobFn, job: Job, env: dict[str, str],
     need = estimate_gib(job, int(env.get(LOGIT_BUDGET_ENV, LOGIT_BUDGET))) if ledger.capacity.get(gpu) else 0.0
     max_jobs = measured.jobs_per_gpu if measured is not None else None
     with ledger.reserve(gpu, need, max_jobs=max_jobs) as held:
+        on_start()
         result = job_fn(job, env)
     if held.shared and result.fail_reason in RETRY_ALONE:
         first = result
         with ledger.reserve(gpu, need, exclusive=True):
             result = job_fn(job, env)
-        # The failure class comes from the job's exit status, which its code could fake: the
-        # first attempt's time counts too, so a faked OOM never buys a faster job alone.
-        if result.train_seconds is not None and first.train_seconds is not None:
-            result.train_seconds += first.train_seconds
+        # Only the attempt that counted is timed: a neighbour's fault is not the job's doing. It ran
+        # alone, though, which is faster than the packing it was admitted to; and the failure class
+        # comes from the job's exit status, which its code could fake to buy that. So its time is
+        # charged at that packing (x the measured per-job slowdown of held.peak_jobs jobs together).
+        factor = packed_slowdown(measured, held.peak_jobs)
+        if result.train_seconds is not None:
+            result.metrics["pack/alone_s"] = result.train_seconds
+            result.train_seconds *= factor
         result.metrics["pack/retried_alone"] = 1.0
+        result.metrics["pack/charged_factor"] = factor
         result.metrics["pack/first_attempt_s"] = first.train_seconds or 0.0
     result.metrics["pack/estimate_gib"] = need
     return result

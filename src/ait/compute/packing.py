@@ -47,6 +47,21 @@ class Packing(BaseModel):
     jobs_per_gpu: int
     mps_thread_percentage: int | None
     why: str
+    slowdown: float | None = None
+    """A job's seconds at this K over its seconds alone (K x jobs/hour alone / jobs/hour at K), where
+    both rows were measured; None where the job alone was not."""
+
+
+def packed_slowdown(measured: Packing | None, jobs: int) -> float:
+    """How much slower a job runs with `jobs` jobs on its GPU (itself included) than alone: the
+    measured slowdown, interpolated linearly from 1 alone to its measured K; where nothing was
+    measured, `jobs` (K jobs time-sliced on one GPU take at most K times as long, if GPU-bound)."""
+    if jobs <= 1:
+        return 1.0
+    if measured is None or measured.slowdown is None or measured.jobs_per_gpu <= 1:
+        return float(jobs)
+    k = measured.jobs_per_gpu
+    return 1.0 + (measured.slowdown - 1.0) * (min(jobs, k) - 1) / (k - 1)
 
 
 def load_runs() -> list[PackRun]:
@@ -81,8 +96,10 @@ def per_model(gpu_name: str, total_gib: float, runs: list[PackRun]) -> dict[str,
         if r.gpu == gpu_name and r.jobs_per_gpu * r.peak_gib_per_job <= budget:
             if r.model not in best or r.jobs_per_hour > best[r.model].jobs_per_hour:
                 best[r.model] = r
+    alone = {r.model: r.jobs_per_hour for r in runs if r.gpu == gpu_name and r.jobs_per_gpu == 1}
     return {m: Packing(jobs_per_gpu=r.jobs_per_gpu, mps_thread_percentage=r.mps_thread_percentage,
-                       why=f"{m} on {gpu_name}: K={r.jobs_per_gpu} gave {r.jobs_per_hour:.0f} jobs/hour ({r.source})")
+                       why=f"{m} on {gpu_name}: K={r.jobs_per_gpu} gave {r.jobs_per_hour:.0f} jobs/hour ({r.source})",
+                       slowdown=(max(1.0, r.jobs_per_gpu * alone[m] / r.jobs_per_hour) if m in alone else None))
             for m, r in best.items()}
 
 

@@ -46,8 +46,8 @@ MAX_TRAIN_OUTPUT_BYTES = 1_000_000
 def classify_failure(outcome: RunOutcome) -> FailReason:
     """From observations only: the clock, the memory cgroup's OOM kills, the exit status (the trainer
     exits EXIT_OOM on torch's OutOfMemoryError / MemoryError and EXIT_GPU_FAULT on a CUDA fault),
-    the signal. A job can fake an exit status, but never into more than a re-run alone whose time
-    is added to its own (ait.compute.local), so faking gains it nothing."""
+    the signal. A job can fake an exit status, but never into more than a re-run alone that is timed
+    as if it had run packed (ait.compute.local.run_admitted), so faking gains it nothing."""
     if outcome.timed_out:
         return FailReason.timeout
     if outcome.oom_killed or outcome.returncode == EXIT_OOM:

@@ -275,6 +275,16 @@ class Episode:
                 job_id=job.job_id, ok=False, fail_reason=FailReason.killed, base_model=job.config.job.base_model,
                 total_seconds=spent, error="interrupted (Ctrl-C): the job was stopped"))
             raise
+        if result is None and not executor.started(job):
+            # Still waiting for a slot or a GPU when the time ran out: other work held it up, so this
+            # is not the agent's timeout. It is cancelled (it never starts) and the episode is infra.
+            cancel_job(executor, job)
+            self.timed_out = True
+            self.run.log("job_never_started", job_id=job.job_id, waited_s=round(time.monotonic() - start, 3))
+            return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.infra,
+                             base_model=job.config.job.base_model, total_seconds=0.0,
+                             error=f"the episode's wall-clock limit passed after {time.monotonic() - start:.0f}s "
+                                   f"while the job still waited for a slot (executor {self.config.executor}): it never ran")
         if result is None:
             self.timed_out = True
             self.run.log("job_timeout", job_id=job.job_id, seconds_left=0.0)

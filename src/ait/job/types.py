@@ -221,7 +221,8 @@ class JobResult(BaseModel):
     """GPUs the job held (fractional when packed, 0 on CPU); None = not reported."""
     train_seconds: float | None = None
     """Wall time of the whole sandboxed training process (start-up, model load, GRPO, save), by the
-    worker's clock; a packed job re-run alone adds both attempts. The speed term reads this."""
+    worker's clock; a packed job re-run alone is timed on that run only, at the packing it was admitted
+    to (ait.compute.local.run_admitted). The speed term reads this."""
     total_seconds: float | None = None
     """Wall time of the whole job (load, evals, train)."""
     weights_changed: bool | None = None
