@@ -14,6 +14,10 @@ STAGE=${STAGE:-/root/stage} DEADLINE=${DEADLINE:-950} PACK=${PACK:-4}
 # SURFACE_B=0 skips the 1.5B cells (when qwen15.gguf is not staged this lease).
 FAMILIES=${FAMILIES:-calc_chain,dispatch,ledger,multi_hop,string_pipeline} REPEAT=${REPEAT:-reference:2}
 SURFACE_B=${SURFACE_B:-1} B_FAMILIES=${B_FAMILIES:-calc_chain,dispatch,ledger,multi_hop,string_pipeline} B_PACK=${B_PACK:-1}
+B_VARIANTS=${B_VARIANTS:-model_qwen15}
+# B2_FAMILIES (with B2_VARIANTS): a second 1.5B pass after surface B, to surface-b2.json (e.g. a second knob
+# on the 1.5B: model_qwen15+lr_3e-6).
+B2_FAMILIES=${B2_FAMILIES:-} B2_VARIANTS=${B2_VARIANTS:-model_qwen15+lr_3e-6}
 # THEN_FAMILIES (with THEN_VARIANTS, THEN_REPEAT): a second 0.5B pass after surface A, to its own JSON
 # (surface-a2.json): e.g. the reference's repeats on the families whose ranking its seed decides.
 THEN_FAMILIES=${THEN_FAMILIES:-}
@@ -53,8 +57,14 @@ a=$!
   convert qwen2.5-coder-1.5b
   left=$(( DEADLINE - ($(date +%s) - t0) ))
   note "surface B (1.5B) starting, $left s to its deadline"
-  python3 bench/job_surface.py --families "$B_FAMILIES" --variants model_qwen15 --pack "$B_PACK" --deadline-s "$left" --json "$R/surface-b.json" \
-    --out /root/work-b > "$R/surface-b.log" 2>&1 && note "surface B done" || note "surface B rc=$?"
+  python3 bench/job_surface.py --families "$B_FAMILIES" --variants "$B_VARIANTS" --pack "$B_PACK" --deadline-s "$left" \
+    --json "$R/surface-b.json" --out /root/work-b > "$R/surface-b.log" 2>&1 && note "surface B done" || note "surface B rc=$?"
+  if [ -n "$B2_FAMILIES" ]; then
+    left=$(( DEADLINE - ($(date +%s) - t0) ))
+    note "surface B2 ($B2_FAMILIES: $B2_VARIANTS) starting, $left s to its deadline"
+    python3 bench/job_surface.py --families "$B2_FAMILIES" --variants "$B2_VARIANTS" --pack "$B_PACK" --deadline-s "$left" \
+      --json "$R/surface-b2.json" --out /root/work-b2 > "$R/surface-b2.log" 2>&1 && note "surface B2 done" || note "surface B2 rc=$?"
+  fi
 ) &
 b=$!
 wait $a $b  # not a bare wait: the GPU monitor runs until the machine goes back
