@@ -1,4 +1,4 @@
-"""Properties every registered family must have (DESIGN.md, "Task families")."""
+"""Properties every registered family must have (docs/design.md, "Task families")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The episode reward against DESIGN.md's formula, recomputed independently here.
+"""The episode reward against docs/design.md's formula, recomputed independently here.
 
     R = 0.35·validation + 0.60·job_quality + 0.05·train_speed     (weights configurable)
     validation   = 1 − (k−1)/K for a job valid at attempt k of K; 0 if never valid
@@ -27,7 +27,7 @@ MY_EPS = 1e-6  # DESIGN leaves ε open; any ε <= 0.01 gives the same values on 
 
 def expected(*, parseable: bool, k: int | None, K: int, job: JobResult | None, best_pre: float | None,
              budget: float = BUDGET, w=(0.35, 0.60, 0.05, -0.1)) -> dict[str, float]:
-    """DESIGN.md's reward, written from the formula (not from ait.reward)."""
+    """docs/design.md's reward, written from the formula (not from ait.reward)."""
     wv, wq, ws, w_none = w
     if not parseable:
         return {"total": w_none, "validation": 0.0, "job_quality": 0.0, "train_speed": 0.0, "uplift_term": 0.0}

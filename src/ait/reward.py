@@ -1,4 +1,4 @@
-"""The episode reward (DESIGN.md, "Reward"): every component is returned beside the total.
+"""The episode reward (docs/design.md, "Reward"): every component is returned beside the total.
 
     R = w_v·validation + w_q·job_quality + w_s·train_speed
     validation   = 1 − (k−1)/K for a job valid at attempt k of K; 0 if never valid

@@ -1,4 +1,4 @@
-"""What every task family provides (see DESIGN.md, "Task families").
+"""What every task family provides (see docs/design.md, "Task families").
 
 A family is deterministic given an RNG: `example(rng, difficulty)` yields the prompt,
 the world its tools read, and the gold answer. Its tools and scorer are the ones the

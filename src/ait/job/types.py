@@ -1,7 +1,7 @@
 """The job contract's models: the agent's job.toml, a submitted Job, and its JobResult.
 
 Hyperparameter names follow TRL's GRPOConfig where TRL has one (num_generations,
-max_completion_length, max_tool_calling_iterations, beta, loss_type, ...). DESIGN.md's
+max_completion_length, max_tool_calling_iterations, beta, loss_type, ...). docs/design.md's
 names (group_size, max_completion_tokens, max_turns) are accepted as aliases; giving
 both spellings of one key is an error.
 """
@@ -25,7 +25,7 @@ class Strict(_Strict):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-ALIASES = {  # DESIGN.md name -> TRL name
+ALIASES = {  # docs/design.md's older name -> TRL name
     "group_size": "num_generations",
     "max_completion_tokens": "max_completion_length",
     "max_turns": "max_tool_calling_iterations",
