@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ait.agent_eval.types import EvalResults, Stat
 from ait.report.html import STYLE
-from ait.report.plots import _figure, _legend, _png, style
+from ait.report.plots import new_figure, add_legend, to_png, style
 
 COMPONENTS = (("reward", "reward"), ("validation", "validation"), ("job_quality", "job quality"),
               ("uplift_term", "uplift term"), ("train_speed", "speed"))
@@ -31,7 +31,7 @@ def components_plot(results: EvalResults) -> bytes | None:
     tasks = [t for t, s in results.per_task.items() if s.reward.n]
     if not tasks:
         return None
-    fig, ax = _figure(height=3.6)
+    fig, ax = new_figure(height=3.6)
     width = 0.8 / len(COMPONENTS)
     for i, (key, label) in enumerate(COMPONENTS):
         stats = [getattr(results.per_task[t], key) for t in tasks]
@@ -43,8 +43,8 @@ def components_plot(results: EvalResults) -> bytes | None:
     ax.set_xticks(range(len(tasks)), tasks, rotation=15)
     ax.set_ylabel("mean over episodes (± 2 SE)")
     ax.set_title("Reward and its components per task")
-    _legend(fig, ax)
-    return _png(fig)
+    add_legend(fig, ax)
+    return to_png(fig)
 
 
 def episodes_plot(results: EvalResults) -> bytes | None:
@@ -54,7 +54,7 @@ def episodes_plot(results: EvalResults) -> bytes | None:
         return None
     tasks = list(results.per_task)
     reasons = sorted({r.stop_reason for r in rows})
-    fig, ax = _figure(height=3.4)
+    fig, ax = new_figure(height=3.4)
     for i, reason in enumerate(reasons):
         mine = [r for r in rows if r.stop_reason == reason]
         xs = [tasks.index(r.task_id) + 0.25 * ((zlib.crc32(r.run_id.encode()) % 100) / 100 - 0.5) for r in mine]
@@ -64,8 +64,8 @@ def episodes_plot(results: EvalResults) -> bytes | None:
     ax.set_xticks(range(len(tasks)), tasks, rotation=15)
     ax.set_ylabel("episode reward")
     ax.set_title("Every episode (jittered within its task)")
-    _legend(fig, ax)
-    return _png(fig)
+    add_legend(fig, ax)
+    return to_png(fig)
 
 
 def write_eval_report(results: EvalResults, path: Path) -> Path:

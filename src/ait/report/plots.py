@@ -7,7 +7,7 @@ null, or every value is 0 where 0 is the whole story (cost, staleness, a valid-j
 with no job scored).
 
 Legibility rules every plot follows, because the report is read as a PNG with no hover or zoom:
-  - a legend is never inside the axes: it sits outside, right of the plot (`_legend`), so it
+  - a legend is never inside the axes: it sits outside, right of the plot (`add_legend`), so it
     can never cover data, however many series there are (the held-out plot, one series named
     by its title and y label, has none);
   - series get distinct styles from `style(i)`: the ten colours of the qualitative `tab10`
@@ -74,7 +74,7 @@ class Nothing(Exception):
     """Raised by a draw function when the run has nothing for that plot; the message says why."""
 
 
-def _figure(height: float = 3.4):
+def new_figure(height: float = 3.4):
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -103,7 +103,7 @@ def _step_axis(ax, steps: list[float]) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _legend(fig, ax, handles=None, labels=None) -> None:
+def add_legend(fig, ax, handles=None, labels=None) -> None:
     """The legend outside the axes, right of the plot (constrained layout makes room for it); also
     for one series, whose label may name several merged ones (mean = max)."""
     if handles is None:
@@ -112,7 +112,7 @@ def _legend(fig, ax, handles=None, labels=None) -> None:
         fig.legend(handles, labels, loc="outside right upper", fontsize=8, frameon=False)
 
 
-def _png(fig) -> bytes:
+def to_png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
     return buf.getvalue()
@@ -182,7 +182,7 @@ def _has(rows: Rows, keys: tuple[str, ...]) -> bool:
 def reward(rows: Rows, notes: list[str]):
     if not _has(rows, ("reward_mean", "validation", "job_quality", "speed")):
         raise Nothing("no step recorded a reward")
-    fig, ax = _figure()
+    fig, ax = new_figure()
     xs = [row["step"] for row in rows]
     mean, std = _values(rows, "reward_mean"), _values(rows, "reward_std")
     if not all(math.isnan(m) for m in mean):
@@ -202,7 +202,7 @@ def reward(rows: Rows, notes: list[str]):
     ax.axhline(0, color="grey", linewidth=0.8, zorder=1)
     ax.set_ylabel("reward (unitless)")
     _step_axis(ax, xs)
-    _legend(fig, ax)
+    add_legend(fig, ax)
     return fig
 
 
@@ -210,7 +210,7 @@ def heldout(rows: Rows, notes: list[str]):
     points = series(rows, "heldout_reward")
     if not points:
         raise Nothing("no held-out evaluation in this run")
-    fig, ax = _figure()
+    fig, ax = new_figure()
     xs, ys = zip(*points)
     ax.plot(xs, ys, marker="o", color=TAB10[4], linewidth=1.6)
     sizes = {int(row["heldout_n"]) for row in rows
@@ -235,13 +235,13 @@ def outcomes(rows: Rows, notes: list[str]):
         raise Nothing("no job outcome recorded")
     if _all_zero(rows, ("valid_rate",)) and not _has(rows, ("post_mean", "uplift_mean")):
         raise Nothing("no episode submitted a valid job on any step (valid rate 0), so no job was scored")
-    fig, ax = _figure()
+    fig, ax = new_figure()
     _lines(ax, rows, [("valid_rate", "valid-job rate"), ("post_mean", "post (hidden-eval score)"),
                       ("uplift_mean", "uplift (post − best untrained)")], notes)
     ax.axhline(0, color="grey", linewidth=0.8, zorder=1)
     ax.set_ylabel("fraction / score (0–1)")
     _step_axis(ax, [row["step"] for row in rows])
-    _legend(fig, ax)
+    add_legend(fig, ax)
     return fig
 
 
@@ -251,7 +251,7 @@ def base_models(rows: Rows, notes: list[str]):
     shares = [(row["step"], row["base_model_share"]) for row in rows if row.get("base_model_share")]
     if not shares:
         raise Nothing("no scored job in this run, so no base-model choice")
-    fig, ax = _figure()
+    fig, ax = new_figure()
     models = sorted({m for _, share in shares for m in share},
                     key=lambda m: (-sum(s.get(m, 0.0) for _, s in shares), m))
     xs = [step for step, _ in shares]
@@ -272,7 +272,7 @@ def base_models(rows: Rows, notes: list[str]):
     _step_axis(ax, [row["step"] for row in rows])
     if len(models) == 1:
         notes.append(f"Every scored job used {models[0]}.")
-    _legend(fig, ax)
+    add_legend(fig, ax)
     return fig
 
 
@@ -308,7 +308,7 @@ def hparams(rows: Rows, notes: list[str]):
     keys.sort(key=lambda k: (-mean_use(k), k))
     from matplotlib.colors import LinearSegmentedColormap
 
-    fig, ax = _figure(height=max(2.2, 1.1 + 0.27 * len(keys)))
+    fig, ax = new_figure(height=max(2.2, 1.1 + 0.27 * len(keys)))
     ax.grid(False)
     cmap = LinearSegmentedColormap.from_list("use", ["#f7fbff", "#08519c"]).with_extremes(bad="#d9d9d9")
     data = [grid[k] for k in keys]
@@ -353,7 +353,7 @@ def cost(rows: Rows, notes: list[str]):
         raise Nothing("no step recorded its cost")
     if all(y == 0 for _, y in points):
         raise Nothing(f"every step recorded USD 0.00 ({_steps(len(points))}): nothing in this run was priced")
-    fig, ax = _figure()
+    fig, ax = new_figure()
     xs, ys = zip(*points)
     ax.bar(xs, ys, color=TAB10[1], alpha=0.75, width=0.8, label="USD per step (bars, left axis)")
     ax.set_ylabel("USD per step")
@@ -370,7 +370,7 @@ def cost(rows: Rows, notes: list[str]):
     _step_axis(ax, [row["step"] for row in rows])
     handles, labels = ax.get_legend_handles_labels()
     more, more_labels = twin.get_legend_handles_labels()
-    _legend(fig, ax, handles + more, labels + more_labels)
+    add_legend(fig, ax, handles + more, labels + more_labels)
     return fig
 
 
@@ -380,11 +380,11 @@ def staleness(rows: Rows, notes: list[str]):
         raise Nothing("no step recorded staleness")
     if _all_zero(rows, keys):
         raise Nothing("every group was trained on-policy (staleness 0 on every step)")
-    fig, ax = _figure()
+    fig, ax = new_figure()
     _lines(ax, rows, [("staleness_mean", "mean over groups"), ("staleness_max", "max over groups")], notes)
     ax.set_ylabel("optimizer steps off-policy")
     _step_axis(ax, [row["step"] for row in rows])
-    _legend(fig, ax)
+    add_legend(fig, ax)
     return fig
 
 
@@ -418,5 +418,5 @@ def render_plots(rows: Rows) -> list[Plot]:
             out.append(Plot(name=name, title=title, caption=caption, empty=str(e)))
             continue
         fig.axes[0].set_title(title, fontsize=11)
-        out.append(Plot(name=name, title=title, caption=caption, png=_png(fig), notes=notes, figure=fig))
+        out.append(Plot(name=name, title=title, caption=caption, png=to_png(fig), notes=notes, figure=fig))
     return out
