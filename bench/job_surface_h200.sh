@@ -11,7 +11,8 @@ cd "$(dirname "$0")/.."
 R=${RESULTS:-/root/results}; mkdir -p "$R"
 STAGE=${STAGE:-/root/stage} DEADLINE=${DEADLINE:-950} PACK=${PACK:-4}
 # What to run (defaults: the whole plan). VARIANTS: surface A's variants; FAMILIES; REPEAT (--repeat);
-# SURFACE_B=0 skips the 1.5B cells (when qwen15.gguf is not staged this lease).
+# SURFACE_B=0 skips the 1.5B cells (when qwen15.gguf is not staged this lease). SIDE_BY_SIDE=0|1 overrides
+# whether the 1.5B cells run beside the 0.5B cells (default: only on a card of 100 GB or more).
 FAMILIES=${FAMILIES:-calc_chain,dispatch,ledger,multi_hop,string_pipeline} REPEAT=${REPEAT:-reference:2}
 SURFACE_B=${SURFACE_B:-1} B_FAMILIES=${B_FAMILIES:-calc_chain,dispatch,ledger,multi_hop,string_pipeline} B_PACK=${B_PACK:-1}
 B_VARIANTS=${B_VARIANTS:-model_qwen15}
@@ -52,8 +53,14 @@ note "surface A starting ($A_VARIANTS)"
   fi
 ) &
 a=$!
+# Side by side only where both fit: on an 80 GB card a 0.5B and a 1.5B job filled it and both died of OOM
+# (docs/surface.md, lease 6), so there the 1.5B cells wait for surface A (and A2) to end.
+GPU_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+SIDE_BY_SIDE=${SIDE_BY_SIDE:-$([ "${GPU_MIB:-0}" -ge 100000 ] && echo 1 || echo 0)}
+note "GPU memory ${GPU_MIB:-?} MiB: 1.5B cells $([ "$SIDE_BY_SIDE" = 1 ] && echo beside || echo after) the 0.5B cells"
 [ "$SURFACE_B" = 1 ] && (
   while [ ! -f "$STAGE/qwen15.gguf.done" ]; do sleep 5; done
+  [ "$SIDE_BY_SIDE" = 1 ] || while kill -0 $a 2>/dev/null; do sleep 5; done
   convert qwen2.5-coder-1.5b
   left=$(( DEADLINE - ($(date +%s) - t0) ))
   note "surface B (1.5B) starting, $left s to its deadline"
