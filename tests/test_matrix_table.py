@@ -1,4 +1,4 @@
-"""bench/matrix_table.py reads a bench/inner_job_h200.sh matrix run: checked on the committed H200 run, and
+"""bench/matrix_table.py reads a bench/gpu.sh matrix run: checked on the committed H200 run, and
 the packing rows the worker admits by are the ones it derives from that run (no hand-edited figures)."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ measured anywhere (capped at the largest K measured), and the SM share is split 
 memory ledger (ait.compute.gpu_memory) still admits each job by its own estimate, and a packed
 job that runs out of memory is re-run alone, so a wrong choice costs speed, never a job.
 
-The rows form a base-model x K matrix (bench/inner_job_h200.sh's matrix stage). Under auto, each
+The rows form a base-model x K matrix (bench/gpu.sh's matrix stage). Under auto, each
 job is also admitted by its own model's row (`per_model`): a job of a model whose best measured K
 is 2 (a 1.5B model fully fine-tuned) starts only while at most one other job runs on its GPU, no
 job starts beside it past that, and it gets that row's SM share instead of the slots' (a 25% cap
