@@ -29,7 +29,7 @@
 #   wordings    a family's prompt wordings scored on both Qwen models (bench/eval_transcripts.py --wordings):
 #               WORDINGS (bench/dispatch_wordings.json), WORDINGS_TASK, WORDINGS_N (64)      [lease_h200.sh]
 #   surface     the job-quality surface (bench/job_surface.py, docs/surface.md): the 0.5B cells FAMILIES x
-#               VARIANTS (REPEAT, PACK_A), then THEN_FAMILIES x THEN_VARIANTS (THEN_REPEAT); the 1.5B cells
+#               VARIANTS (REPEAT, PACK_A: 4 on 100 GB or more, else 2), then THEN_FAMILIES x THEN_VARIANTS (THEN_REPEAT); the 1.5B cells
 #               B_FAMILIES x B_VARIANTS (B_PACK), then B2_FAMILIES x B2_VARIANTS. The 1.5B cells run beside
 #               the 0.5B ones only on a card of 100 GB or more (SIDE_BY_SIDE=0|1 overrides: side by side
 #               on 80 GB both OOM). No cell starts after DEADLINE s from the stage's start  [job_surface_h200.sh]
@@ -123,10 +123,12 @@ stage_surface() {
   local gib; gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
   local side=${SIDE_BY_SIDE:-$([ "${gib:-0}" -ge 100000 ] && echo 1 || echo 0)}
   note "GPU memory ${gib:-?} MiB: the 1.5B cells run $([ "$side" = 1 ] && echo beside || echo after) the 0.5B cells"
+  # 0.5B jobs peak near 16-20 GiB each (pack_measurements.json): 4 at once on 141 GB, 2 on 80 GB.
+  local pack_a=${PACK_A:-$([ "${gib:-0}" -ge 100000 ] && echo 4 || echo 2)}
   local a_variants=${VARIANTS:-$(python3 -c "from ait.policy.job_variants import VARIANTS; print(','.join(v for v in VARIANTS if v != 'model_qwen15'))")}
   ( need qwen2.5-coder-0.5b
-    surface_pass a "${FAMILIES:-calc_chain,dispatch,ledger,multi_hop,string_pipeline}" "$a_variants" "${PACK_A:-4}" "${REPEAT:-reference:2}"
-    [ -z "${THEN_FAMILIES:-}" ] || surface_pass a2 "$THEN_FAMILIES" "${THEN_VARIANTS:-reference}" "${PACK_A:-4}" "${THEN_REPEAT:-reference:2}"
+    surface_pass a "${FAMILIES:-calc_chain,dispatch,ledger,multi_hop,string_pipeline}" "$a_variants" "$pack_a" "${REPEAT:-reference:2}"
+    [ -z "${THEN_FAMILIES:-}" ] || surface_pass a2 "$THEN_FAMILIES" "${THEN_VARIANTS:-reference}" "$pack_a" "${THEN_REPEAT:-reference:2}"
   ) &
   local a=$!
   [ "$side" = 1 ] || wait $a
