@@ -387,3 +387,15 @@ def test_wall_time_is_the_runs_span_not_the_sum_of_its_steps() -> None:
     summary = summarize(steps)
     assert summary["seconds_total"] == 30.0 and summary["seconds_span"] == 130.0
     assert summarize([{"step": 0, "reward_mean": 0.0}])["seconds_span"] is None
+
+
+def test_heldout_plot_draws_the_starting_policy_at_step_0() -> None:
+    """Transfer is measured against the step-0 evaluation: the held-out chart must show it, not only the
+    summary table (before, a run evaluated at steps 0 and 2 drew one lone point at step 2)."""
+    from ait.report import plots
+
+    rows = [{"step": 1, "heldout_start_reward": 0.25},
+            {"step": 2, "heldout_reward": 0.4, "heldout_n": 16, "heldout_start_reward": 0.25}]
+    fig = plots.heldout(rows, [])
+    line = fig.axes[0].lines[0]
+    assert list(line.get_xdata()) == [0, 2] and list(line.get_ydata()) == [0.25, 0.4]

@@ -211,8 +211,16 @@ def heldout(rows: Rows, notes: list[str]):
     if not points:
         raise Nothing("no held-out evaluation in this run")
     fig, ax = new_figure()
+    # The starting policy's evaluation (step 0) is what transfer is measured against: draw it too.
+    start = next((row["heldout_start_reward"] for row in reversed(rows) if row.get("heldout_start_reward") is not None), None)
+    if start is not None and all(x != 0 for x, _ in points):
+        points = [(0, start), *points]
     xs, ys = zip(*points)
     ax.plot(xs, ys, marker="o", color=TAB10[4], linewidth=1.6)
+    if start is not None:
+        ax.scatter([0], [start], marker="s", s=60, facecolor="white", edgecolor=TAB10[4], zorder=3,
+                   label="starting policy (step 0)")
+        add_legend(fig, ax)
     sizes = {int(row["heldout_n"]) for row in rows
              if row.get("heldout_reward") is not None and row.get("heldout_n") is not None}
     if len(sizes) == 1:
@@ -225,7 +233,7 @@ def heldout(rows: Rows, notes: list[str]):
                             textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
     ax.margins(y=0.2)
     ax.set_ylabel("mean held-out reward")
-    _step_axis(ax, [row["step"] for row in rows])  # the run's steps, as on the other plots
+    _step_axis(ax, ([0] if start is not None else []) + [row["step"] for row in rows])  # the run's steps (and step 0)
     return fig
 
 
