@@ -38,8 +38,9 @@ def traj(reward: float, turns: list[Turn], i: int = 0) -> Trajectory:
 
 
 def group() -> TrajectoryGroup:
-    """Two episodes: rewards 0.8 and 0.2 (advantages +0.3 and -0.3); the first has two turns and an
-    empty reply, the second one turn."""
+    """Two episodes: rewards 0.8 and 0.2 (advantages +0.3 and -0.3); the first has two turns, the
+    second's prompt extending the first's prompt + reply, and an empty reply between them; the second
+    episode one turn."""
     a = [Turn(prompt_ids=[1, 2, 3], completion_ids=[10, 11], logprobs=[-0.5, -0.25]),
          Turn(prompt_ids=[1, 2, 3, 10, 11, 4], completion_ids=[], logprobs=[]),
          Turn(prompt_ids=[1, 2, 3, 10, 11, 5, 6], completion_ids=[12, 13, 14], logprobs=[-1.0, -2.0, -3.0])]
@@ -53,29 +54,24 @@ def inputs(datum) -> dict[str, list]:
 
 def test_datums_follow_the_importance_sampling_layout() -> None:
     datums = trajectory_datums(group())
-    assert len(datums) == 3  # the empty reply is skipped
+    assert len(datums) == 2  # the first episode's two replies share one sequence; the empty reply is skipped
     assert all(isinstance(d, tinker.Datum) and isinstance(d.model_input, tinker.ModelInput) for d in datums)
     assert all(isinstance(v, tinker.TensorData) for d in datums for v in d.loss_fn_inputs.values())
-    first, second, third = datums
+    first, second = datums
 
-    # input = (prompt + completion)[:-1]; target i = token i + 1; prompt targets weigh nothing.
-    assert first.model_input.to_ints() == [1, 2, 3, 10]
+    # input = tokens[:-1]; target i = token i + 1; only the sampled tokens' targets weigh: the prompt,
+    # and the observation [5, 6] between the two replies, carry no logprob and no advantage.
+    assert first.model_input.to_ints() == [1, 2, 3, 10, 11, 5, 6, 12, 13]
     got = inputs(first)
     assert set(got) == {"target_tokens", "logprobs", "advantages"}
-    assert got["target_tokens"] == [2, 3, 10, 11]
-    assert got["logprobs"] == [0.0, 0.0, -0.5, -0.25]
-    assert got["advantages"] == pytest.approx([0.0, 0.0, 0.3, 0.3])
+    assert got["target_tokens"] == [2, 3, 10, 11, 5, 6, 12, 13, 14]
+    assert got["logprobs"] == [0.0, 0.0, -0.5, -0.25, 0.0, 0.0, -1.0, -2.0, -3.0]
+    assert got["advantages"] == pytest.approx([0.0, 0.0, 0.3, 0.3, 0.0, 0.0, 0.3, 0.3, 0.3])
     assert first.loss_fn_inputs["target_tokens"].dtype == "int64"
     assert first.loss_fn_inputs["advantages"].dtype == first.loss_fn_inputs["logprobs"].dtype == "float32"
 
-    assert second.model_input.to_ints() == [1, 2, 3, 10, 11, 5, 6, 12, 13]
+    assert second.model_input.to_ints() == [7, 8]
     got = inputs(second)
-    assert got["target_tokens"] == [2, 3, 10, 11, 5, 6, 12, 13, 14]
-    assert got["logprobs"] == [0.0] * 6 + [-1.0, -2.0, -3.0]  # an earlier reply in the prompt is not trained
-    assert got["advantages"] == pytest.approx([0.0] * 6 + [0.3] * 3)
-
-    assert third.model_input.to_ints() == [7, 8]
-    got = inputs(third)
     assert got["target_tokens"] == [8, 20]
     assert got["logprobs"] == [0.0, -0.125]
     assert got["advantages"] == pytest.approx([0.0, -0.3])
@@ -87,13 +83,56 @@ def test_datums_follow_the_importance_sampling_layout() -> None:
         forward_backward_input=tinker.types.ForwardBackwardInput(data=datums, loss_fn="importance_sampling"),
         model_id="m", seq_id=1)
     wire = forward_backward_request_to_proto(request)
-    assert len(wire.data) == 3 and set(wire.data[0].loss_fn_inputs) == {"target_tokens", "logprobs", "advantages"}
+    assert len(wire.data) == 2 and set(wire.data[0].loss_fn_inputs) == {"target_tokens", "logprobs", "advantages"}
+
+
+def test_a_prompt_that_does_not_extend_the_sequence_starts_a_new_datum() -> None:
+    """The second prompt re-renders the first reply ([10, 99] for [10, 11]: a template that rewrites
+    history): it is not the sequence so far, so it is a datum of its own, with the first reply's
+    re-rendered tokens as context only. A third prompt extending the second turn joins that datum."""
+    turns = [Turn(prompt_ids=[1, 2], completion_ids=[10, 11], logprobs=[-0.5, -0.25]),
+             Turn(prompt_ids=[1, 2, 10, 99, 5], completion_ids=[12], logprobs=[-1.0]),
+             Turn(prompt_ids=[1, 2, 10, 99, 5, 12, 6], completion_ids=[13, 14], logprobs=[-2.0, -3.0])]
+    g = TrajectoryGroup(task_id="t", trajectories=[traj(1.0, turns, 0), traj(0.0, turns[:1], 1)], policy_version=0)
+    first, second, third = trajectory_datums(g)
+    assert first.model_input.to_ints() == [1, 2, 10]
+    assert inputs(first)["logprobs"] == [0.0, -0.5, -0.25]
+    assert second.model_input.to_ints() == [1, 2, 10, 99, 5, 12, 6, 13]
+    assert inputs(second)["target_tokens"] == [2, 10, 99, 5, 12, 6, 13, 14]
+    assert inputs(second)["logprobs"] == [0.0, 0.0, 0.0, 0.0, -1.0, 0.0, -2.0, -3.0]
+    assert inputs(second)["advantages"] == pytest.approx([0.0] * 4 + [0.5, 0.0, 0.5, 0.5])
+    assert third.model_input.to_ints() == [1, 2, 10] and inputs(third)["advantages"] == pytest.approx([0, -0.5, -0.5])
+
+
+def test_merged_datums_send_fewer_tokens_with_the_same_loss_terms() -> None:
+    """Against one datum per turn (how they were built before): the same (target, logprob, advantage)
+    on every sampled token, and the shared history sent once."""
+    from ait.outer.backends.sequences import merge_turns
+    from ait.outer.backends.tinker import sequence_datum
+
+    prompt, turns = [1, 2, 3, 4], []
+    for k in range(8):  # prompts growing by the reply and a 6-token observation each turn
+        reply = [100 + 10 * k + i for i in range(3)]
+        turns.append(Turn(prompt_ids=list(prompt), completion_ids=reply, logprobs=[-0.1 * (k + 1)] * 3))
+        prompt += reply + [50 + k] * 6
+    g = TrajectoryGroup(task_id="t", trajectories=[traj(1.0, turns, 0), traj(0.0, turns[:1], 1)], policy_version=0)
+    merged = trajectory_datums(g)
+    per_turn = [sequence_datum(seq, 0.5) for seq in merge_turns(turns, merge=False)]
+    assert len(merged) == 2 and len(per_turn) == 8
+
+    def terms(datums) -> list[tuple]:
+        return sorted((t, lp, a) for d in datums for t, lp, a in zip(*inputs(d).values()) if a != 0)
+
+    assert terms(merged[:1]) == terms(per_turn) and len(terms(per_turn)) == 24
+    sent = sum(d.model_input.length for d in merged[:1])
+    assert sent == len(turns[-1].prompt_ids) + 3 - 1  # the last prompt and reply, once
+    assert sum(d.model_input.length for d in per_turn) == sum(len(t.prompt_ids) + 2 for t in turns) > 4 * sent
 
 
 def test_advantages_scale() -> None:
     scaled = trajectory_datums(group(), scale=0.5)
-    assert inputs(scaled[0])["advantages"] == pytest.approx([0.0, 0.0, 0.15, 0.15])
-    assert inputs(scaled[2])["advantages"] == pytest.approx([0.0, -0.15])
+    assert inputs(scaled[0])["advantages"] == pytest.approx([0.0, 0.0, 0.15, 0.15, 0.0, 0.0, 0.15, 0.15, 0.15])
+    assert inputs(scaled[1])["advantages"] == pytest.approx([0.0, -0.15])
     assert inputs(scaled[0])["logprobs"] == inputs(trajectory_datums(group())[0])["logprobs"]
 
 
@@ -103,7 +142,7 @@ def test_constant_groups_carry_no_datums_unless_asked() -> None:
         t.reward = 0.5
     assert trajectory_datums(g) == []
     kept = trajectory_datums(g, keep_zero_advantage=True)
-    assert len(kept) == 3 and all(not any(inputs(d)["advantages"]) for d in kept)
+    assert len(kept) == 2 and all(not any(inputs(d)["advantages"]) for d in kept)
 
 
 # ---- a fake service: records the calls, answers with the SDK's futures and result types -------
@@ -190,16 +229,17 @@ def test_train_step_calls_and_stats() -> None:
                                   "save_weights_and_get_sampling_client"]
     assert service.log[0][1:] == ("Qwen/Qwen3-8B", 16)
     _, data, loss_fn = service.log[1]
-    assert loss_fn == "importance_sampling" and len(data) == 3
+    assert loss_fn == "importance_sampling" and len(data) == 2
     expected = trajectory_datums(group(), scale=1 / 6)  # token mean over the batch's 6 completion tokens
     assert [d.model_input.to_ints() for d in data] == [d.model_input.to_ints() for d in expected]
     assert [inputs(d) for d in data] == [inputs(d) for d in expected]
-    assert inputs(data[0])["advantages"] == pytest.approx([0.0, 0.0, 0.05, 0.05])
+    assert inputs(data[0])["advantages"] == pytest.approx([0.0, 0.0, 0.05, 0.05, 0.0, 0.0, 0.05, 0.05, 0.05])
     params = service.log[2][1]
     assert isinstance(params, tinker.AdamParams)
     assert (params.learning_rate, params.grad_clip_norm, params.weight_decay) == (4e-5, 0.5, 0.0)
     assert backend.step == stats.step == 1 and backend.sampler.version == 1
-    assert stats.datums == 3 and stats.tokens == 6 and stats.extra["active_tokens"] == 6
+    assert stats.datums == 2 and stats.tokens == 6 and stats.extra["active_tokens"] == 6
+    assert (stats.extra["turns"], stats.extra["sequences"], stats.extra["forward_tokens"]) == (3, 2, 9 + 2)
     assert stats.loss == 1.5 and stats.extra["optim/grad_norm"] == 0.25
     # sampling logprobs (-0.5, -0.25, -1, -2, -3, -0.125) against the learner's -0.5 on each
     assert stats.extra["kl_sample_train"] == pytest.approx((0 + 0.25 - 0.5 - 1.5 - 2.5 + 0.375) / 6)
@@ -222,8 +262,8 @@ def test_zero_advantage_turns_count_in_the_mean_but_are_not_sent() -> None:
     backend = TinkerBackend(config(), service_client=service)
     stats = backend.train_step([group(), constant_group(0.5)])
     data = service.log[1][1]
-    assert len(data) == 3 and stats.tokens == 12 and stats.datums == 6 and stats.extra["active_tokens"] == 6
-    assert inputs(data[0])["advantages"] == pytest.approx([0.0, 0.0, 0.3 / 12, 0.3 / 12])
+    assert len(data) == 2 and stats.tokens == 12 and stats.datums == 4 and stats.extra["active_tokens"] == 6
+    assert inputs(data[0])["advantages"][:4] == pytest.approx([0.0, 0.0, 0.3 / 12, 0.3 / 12])
 
 
 def test_nothing_to_learn_makes_no_call() -> None:
@@ -231,7 +271,7 @@ def test_nothing_to_learn_makes_no_call() -> None:
     backend = TinkerBackend(config(), service_client=service)
     stats = backend.train_step([constant_group(1.0)])
     assert service.log == [] and backend.step == 0 and stats.extra["skipped"] == 1.0
-    assert stats.datums == 3 and stats.tokens == 6 and stats.extra["active_tokens"] == 0
+    assert stats.datums == 2 and stats.tokens == 6 and stats.extra["active_tokens"] == 0
 
 
 def test_save_resume_and_warm_start(tmp_path) -> None:
@@ -322,6 +362,40 @@ def test_an_episode_through_the_harness_is_metered_and_traced(tmp_path) -> None:
     assert [e["tokens"]["completion_ids"] for e in replies] == [reply, reply]
     ledger = Ledger(tmp_path / "runs" / "costs.jsonl").entries()
     assert len(ledger) == 2 and all(e["usd"] == 0.0 and e["usd_source"] == "unpriced" for e in ledger)
+
+
+@pytest.mark.parametrize("text, sequences", [
+    ('<tool_call>\n{"name": "read_file", "arguments": {"path": "job.toml"}}\n</tool_call><|im_end|>', 1),
+    ("Nothing to do.<|im_end|>", 1),
+    # The chat template drops an earlier reply's reasoning from the history it re-renders: every turn
+    # is a sequence of its own.
+    ('<think>\nfirst look\n</think>\n\n<tool_call>\n{"name": "read_file", "arguments": {"path": "job.toml"}}'
+     '\n</tool_call><|im_end|>', 3),
+])
+def test_a_harness_episode_merges_when_its_history_re_renders_token_for_token(tmp_path, text, sequences) -> None:
+    """The policy renders every prompt from the messages (ait.policy.hf_policy), so turns merge only
+    when a reply, parsed and rendered back into the history, is the same tokens as sampled."""
+    import threading
+
+    from fakes import TASK
+    from transformers import AutoTokenizer
+
+    from ait.evals.baselines import BaselineStore
+    from ait.harness.episode import run_episode
+    from ait.harness.types import EpisodeConfig
+    from ait.outer.backends.sequences import merge_turns
+    from ait.outer.rollouts import Recorder
+    from ait.spec import load_spec
+    from ait.train.tiny import tiny_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path()))
+    reply = tokenizer(text, add_special_tokens=False)["input_ids"]
+    backend = TinkerBackend(config(), service_client=FakeService(tokenizer=tokenizer, reply=reply))
+    policy = Recorder(backend.policy(), threading.Event())
+    run_episode(load_spec(TASK), TASK, policy, EpisodeConfig(max_turns=3, max_nudges=2),
+                runs_dir=tmp_path / "runs", baselines=BaselineStore(tmp_path / "b.json"))
+    assert len(policy.turns) == 3
+    assert [s.turns for s in merge_turns(policy.turns)] == [3 // sequences] * sequences
 
 
 def test_missing_key_is_a_clear_error(monkeypatch) -> None:

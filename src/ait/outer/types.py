@@ -80,7 +80,8 @@ class StepStats(BaseModel):
     tokens: int
     """Completion tokens trained on."""
     datums: int
-    """Sequences (assistant turns) in the batch."""
+    """Sequences in the batch: an episode's turns share one while each prompt extends the one before
+    (ait.outer.backends.sequences), so this is at most the number of assistant turns."""
     seconds: float
     extra: dict[str, float] = Field(default_factory=dict)
 

@@ -53,9 +53,10 @@ from typing import Any
 
 from ait.outer.backends.loss import (
     completion_logprobs,
-    importance_sampling_loss,
+    importance_sampling_backward,
     nll_loss,
 )
+from ait.outer.backends.sequences import completion_tokens, merge_turns
 from ait.outer.checkpoint import CheckpointError, read_backend_record
 from ait.outer.config import OuterConfig
 from ait.outer.sampler import EnginePolicy, SamplingEngine
@@ -216,40 +217,38 @@ class LocalBackend:
                             else temperature, max_new_tokens=p.max_new_tokens,
                             seed=next(self._seeds) if seed is None else seed, max_context=p.max_context)
 
-    def train_step(self, groups: list[TrajectoryGroup]) -> StepStats:
+    def train_step(self, groups: list[TrajectoryGroup], *, merge: bool = True) -> StepStats:
         """One AdamW step of the importance-sampling loss over every completion token of the groups
         (turns whose advantage is 0 add nothing to the gradient but count in the token mean).
+        An episode's turns are forwarded as few sequences as their prompts allow (merge_turns);
+        `merge=False` forwards each turn alone, as steps did before (for bench/outer_step_tokens.py).
         No trajectory with a non-zero advantage: nothing to learn, no update, the step stays."""
         import torch
 
         t0 = time.monotonic()
-        temperature = self.config.policy.temperature
-        datums = [(turn, adv) for g in groups for traj, adv in zip(g.trajectories, g.advantages())
-                  for turn in traj.turns if turn.completion_ids]
-        tokens = sum(len(turn.completion_ids) for turn, _ in datums)
-        active = [(turn, adv) for turn, adv in datums if adv != 0.0]
+        batch = [(seq, adv) for g in groups for traj, adv in zip(g.trajectories, g.advantages())
+                 for seq in merge_turns(traj.turns, merge=merge)]
+        tokens = sum(completion_tokens(traj.turns) for g in groups for traj in g.trajectories)
+        counts = {"turns": float(sum(seq.turns for seq, _ in batch)), "sequences": float(len(batch))}
+        active = [(seq, adv) for seq, adv in batch if adv != 0.0]
         if not active:
-            return StepStats(step=self.step, loss=0.0, tokens=tokens, datums=len(datums),
-                             seconds=time.monotonic() - t0, extra={"skipped": 1.0, "active_tokens": 0.0})
+            return StepStats(step=self.step, loss=0.0, tokens=tokens, datums=len(batch),
+                             seconds=time.monotonic() - t0,
+                             extra={"skipped": 1.0, "active_tokens": 0.0, "forward_tokens": 0.0, **counts})
         self.model.train()
-        loss_total, drift, drift_n = 0.0, 0.0, 0
-        for turn, adv in active:
-            logp = completion_logprobs(self.model, turn.prompt_ids, turn.completion_ids, temperature)
-            loss = importance_sampling_loss(logp, turn.logprobs, adv) / tokens
-            loss.backward()
-            loss_total += float(loss.detach())
-            drift += float((torch.tensor(turn.logprobs, device=logp.device) - logp.detach()).sum())
-            drift_n += len(turn.completion_ids)
+        loss_total, drift, drift_n = importance_sampling_backward(self.model, active, tokens,
+                                                                  self.config.policy.temperature)
         grad_norm = torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.config.trainer.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
         self.refresh_sampler(self.step + 1)  # new weights reach the sampler before the new version is visible
         self.step += 1
-        return StepStats(step=self.step, loss=loss_total, tokens=tokens, datums=len(datums),
+        return StepStats(step=self.step, loss=loss_total, tokens=tokens, datums=len(batch),
                          seconds=time.monotonic() - t0,
                          extra={"grad_norm": float(grad_norm), "active_tokens": float(drift_n),
-                                "kl_sample_train": drift / max(drift_n, 1)})
+                                "kl_sample_train": drift / max(drift_n, 1),
+                                "forward_tokens": float(sum(len(seq.tokens) for seq, _ in active)), **counts})
 
     def trainable_params(self) -> int:
         """Trainable (LoRA) parameters: what a checkpoint's size scales with (ait.outer.state_codec)."""

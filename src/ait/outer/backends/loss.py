@@ -1,4 +1,5 @@
-"""The outer loop's losses on one assistant turn, as Tinker defines them.
+"""The outer loop's losses, as Tinker defines them, on one sequence: an assistant turn, or an
+episode's turns merged into one sequence (ait.outer.backends.sequences).
 
     importance_sampling   per completion token t:  −exp(logp_θ(t) − logp_sampled(t)) · A
                           summed over the batch's completion tokens, divided by their number
@@ -14,7 +15,10 @@ when the sampler was a few steps behind, the ratio corrects for it (no clipping:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ait.outer.backends.sequences import Sequence
 
 
 def completion_logprobs(model: Any, prompt_ids: list[int], completion_ids: list[int],
@@ -35,8 +39,47 @@ def completion_logprobs(model: Any, prompt_ids: list[int], completion_ids: list[
     return torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0]
 
 
+def sequence_logprobs(model: Any, tokens: list[int], targets: list[int], temperature: float = 1.0) -> Any:
+    """logp_θ of tokens[p] given tokens[:p] for each position p in `targets` (each > 0), at the
+    sampling temperature (0 = greedy: temperature 1). One forward pass over the whole sequence; the
+    vocabulary projection only at the positions that predict a target (observation tokens of a
+    merged sequence need none). A 1-D float32 tensor with grad."""
+    import torch
+
+    if not targets:
+        return torch.zeros(0, device=model.device)
+    ids = torch.tensor([list(tokens)], device=model.device)
+    keep = torch.tensor([p - 1 for p in targets], device=model.device)
+    logits = model(input_ids=ids, logits_to_keep=keep).logits[0].float()
+    if temperature > 0:
+        logits = logits / temperature
+    wanted = ids[0, keep + 1]
+    return torch.log_softmax(logits, dim=-1).gather(1, wanted[:, None])[:, 0]
+
+
+def importance_sampling_backward(model: Any, batch: list[tuple[Sequence, float]], tokens: int,
+                                 temperature: float) -> tuple[float, float, int]:
+    """Accumulate the gradient of Σ_sequences importance_sampling_loss / `tokens` (the batch's
+    completion tokens: a token mean however the turns were grouped into sequences), one forward and
+    backward pass per (sequence, advantage). Returns (loss, Σ (logp_sampled − logp_θ), targets):
+    the drift between sampler and learner, summed over the trained tokens."""
+    import torch
+
+    loss_total, drift, n = 0.0, 0.0, 0
+    for seq, advantage in batch:
+        if not seq.targets:  # one sampled token with no context before it: nothing to predict
+            continue
+        logp = sequence_logprobs(model, seq.tokens, seq.targets, temperature)
+        loss = importance_sampling_loss(logp, seq.logprobs, advantage) / tokens
+        loss.backward()
+        loss_total += float(loss.detach())
+        drift += float((torch.tensor(seq.logprobs, device=logp.device) - logp.detach()).sum())
+        n += len(seq.targets)
+    return loss_total, drift, n
+
+
 def importance_sampling_loss(logp_new: Any, logp_sampled: Any, advantage: float) -> Any:
-    """−Σ_t exp(logp_new − logp_sampled)·A over one turn's completion tokens (the caller divides
+    """−Σ_t exp(logp_new − logp_sampled)·A over one sequence's completion tokens (the caller divides
     by the batch's completion-token count)."""
     import torch
 

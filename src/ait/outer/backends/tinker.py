@@ -9,14 +9,16 @@
       ├─ create_training_client_from_state_with_optimizer(path)  resume from save_state's tinker:// path
       └─ create_training_client_from_state(path)                 warm start (weights only)
 
-A datum is one assistant turn (`trajectory_datums`). Tinker's loss tensors share the
-next-token alignment: position i of `model_input` predicts token i + 1 of the full sequence
-(prompt ids, then completion ids), so
+A datum is one training sequence (`trajectory_datums`): an episode's consecutive turns whose
+prompts each extend the sequence so far, merged (ait.outer.backends.sequences), so a T-turn
+episode is sent once rather than as T ever longer prompts. Tinker's loss tensors share the
+next-token alignment: position i of `model_input` predicts token i + 1 of the sequence, so
 
-    model_input    = (prompt + completion)[:-1]
-    target_tokens  = (prompt + completion)[1:]
-    logprobs       = 0 on prompt targets, the sampling logprob on each completion target
-    advantages     = 0 on prompt targets, the episode's group advantage on each completion target
+    model_input    = tokens[:-1]
+    target_tokens  = tokens[1:]
+    logprobs       = 0 on observation targets (prompt, tool results, ...), the sampling logprob on
+                     each completion target
+    advantages     = 0 on observation targets, the episode's group advantage on each completion target
 
 and `importance_sampling`, −Σ exp(logp_learner − logp_sampled) · advantage, covers completion
 tokens only: prompts and tool results weigh nothing. Tinker sums over tokens; the local
@@ -40,6 +42,7 @@ from itertools import count
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ait.outer.backends.sequences import Sequence, completion_tokens, merge_turns
 from ait.outer.checkpoint import CheckpointError, read_backend_record  # noqa: F401 - CheckpointError is re-exported
 from ait.outer.types import StepStats, TrajectoryGroup
 
@@ -69,34 +72,34 @@ def _sdk():
 
 def trajectory_datums(group: TrajectoryGroup, *, scale: float = 1.0,
                       keep_zero_advantage: bool = False) -> list[tinker.Datum]:
-    """One `tinker.Datum` per assistant turn with a non-empty completion, in the layout of Tinker's
-    `importance_sampling` loss (see the module docstring), advantages multiplied by `scale`. Turns
-    of a trajectory whose advantage is exactly 0 are left out unless `keep_zero_advantage`."""
+    """One `tinker.Datum` per training sequence of each trajectory (merge_turns), in the layout of
+    Tinker's `importance_sampling` loss (see the module docstring), advantages multiplied by `scale`.
+    Trajectories whose advantage is exactly 0 are left out unless `keep_zero_advantage`."""
+    return [sequence_datum(seq, advantage * scale)
+            for trajectory, advantage in zip(group.trajectories, group.advantages())
+            if advantage != 0.0 or keep_zero_advantage
+            for seq in merge_turns(trajectory.turns) if len(seq.tokens) >= 2]
+
+
+def sequence_datum(seq: Sequence, advantage: float) -> tinker.Datum:
+    """A sequence as a datum: target i is tokens[i + 1]; only the sampled tokens' targets carry their
+    sampling logprob and the advantage, every other target 0 (no loss)."""
     import numpy as np
 
     tinker = _sdk()
-    datums = []
-    for trajectory, advantage in zip(group.trajectories, group.advantages()):
-        if advantage == 0.0 and not keep_zero_advantage:
-            continue
-        for turn in trajectory.turns:
-            tokens = turn.prompt_ids + turn.completion_ids
-            if not turn.completion_ids or len(tokens) < 2:
-                continue
-            on_completion = np.arange(1, len(tokens)) >= len(turn.prompt_ids)  # per target position
-            sampled = np.zeros(len(tokens) - 1, dtype=np.float32)
-            # With an empty prompt the first completion token has no context and is not a target.
-            sampled[on_completion] = turn.logprobs[len(turn.logprobs) - int(on_completion.sum()):]
-            datums.append(tinker.Datum(
-                model_input=tinker.ModelInput.from_ints(tokens[:-1]),
-                loss_fn_inputs={
-                    "target_tokens": tinker.TensorData.from_numpy(np.asarray(tokens[1:], dtype=np.int64)),
-                    "logprobs": tinker.TensorData.from_numpy(sampled),
-                    "advantages": tinker.TensorData.from_numpy(
-                        np.where(on_completion, advantage * scale, 0.0).astype(np.float32)),
-                },
-            ))
-    return datums
+    rows = np.asarray(seq.targets, dtype=np.int64) - 1  # the target row that predicts each sampled token
+    sampled = np.zeros(len(seq.tokens) - 1, dtype=np.float32)
+    sampled[rows] = seq.logprobs
+    advantages = np.zeros(len(seq.tokens) - 1, dtype=np.float32)
+    advantages[rows] = advantage
+    return tinker.Datum(
+        model_input=tinker.ModelInput.from_ints(seq.tokens[:-1]),
+        loss_fn_inputs={
+            "target_tokens": tinker.TensorData.from_numpy(np.asarray(seq.tokens[1:], dtype=np.int64)),
+            "logprobs": tinker.TensorData.from_numpy(sampled),
+            "advantages": tinker.TensorData.from_numpy(advantages),
+        },
+    )
 
 
 class TinkerBackend:
@@ -148,23 +151,27 @@ class TinkerBackend:
     def train_step(self, groups: list[TrajectoryGroup]) -> StepStats:
         """forward_backward and optim_step (both submitted before waiting on either), then publish."""
         t0 = time.monotonic()
-        turns = [turn for g in groups for traj in g.trajectories for turn in traj.turns if turn.completion_ids]
-        tokens = sum(len(turn.completion_ids) for turn in turns)
+        trajectories = [traj for g in groups for traj in g.trajectories]
+        tokens = sum(completion_tokens(traj.turns) for traj in trajectories)
+        sequences = [seq for traj in trajectories for seq in merge_turns(traj.turns)]
+        counts = {"turns": float(sum(seq.turns for seq in sequences)), "sequences": float(len(sequences))}
         datums = [d for g in groups for d in trajectory_datums(g, scale=1.0 / max(tokens, 1))]
         active = sum(int((d.loss_fn_inputs["advantages"].to_numpy() != 0).sum()) for d in datums)
         if not datums:  # every group constant: nothing to learn, no update, the step stays
-            return StepStats(step=self.step, loss=0.0, tokens=tokens, datums=len(turns),
-                             seconds=time.monotonic() - t0, extra={"skipped": 1.0, "active_tokens": 0.0})
+            return StepStats(step=self.step, loss=0.0, tokens=tokens, datums=len(sequences),
+                             seconds=time.monotonic() - t0,
+                             extra={"skipped": 1.0, "active_tokens": 0.0, "forward_tokens": 0.0, **counts})
         training = self._training()
         backward = training.forward_backward(datums, loss_fn=LOSS_FN)
         update = training.optim_step(self.adam)
         out, optim = backward.result(), update.result()
         self.step += 1
         self._publish()
-        extra = {"active_tokens": float(active), **_drift(datums, out.loss_fn_outputs)}
+        extra = {"active_tokens": float(active), "forward_tokens": float(sum(d.model_input.length for d in datums)),
+                 **counts, **_drift(datums, out.loss_fn_outputs)}
         extra.update({f"optim/{k}": float(v) for k, v in (optim.metrics or {}).items()})
         return StepStats(step=self.step, loss=float(out.metrics.get("loss:sum", 0.0)), tokens=tokens,
-                         datums=len(turns), seconds=time.monotonic() - t0, extra=extra)
+                         datums=len(sequences), seconds=time.monotonic() - t0, extra=extra)
 
     def save(self, path: str) -> None:
         """save_state on the service (weights + optimizer); its tinker:// path and the step go to
