@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TASKS = sorted((ROOT / "examples" / "tasks").glob("*.json"))
 REFERENCE_JOBS = ROOT / "src" / "ait" / "policy" / "reference_jobs"
 NAMES = sorted(FAMILIES)
-SURFACE = ("SYSTEM_PROMPT", "Environment", "task_difficulty", "make_row", "distinct_rows", "parse_answer", "gold")
+SURFACE = ("SYSTEM_PROMPT", "Environment", "make_tools", "task_difficulty", "make_row", "distinct_rows", "parse_answer",
+           "gold")
 MAX_ENV_TOKENS = 1000
 """Most tokens a reference env.py may take, estimated as characters / 4 (Qwen2.5's tokenizer counts
 380-510 for today's six; issue 22 asks for well under ~1,500)."""
