@@ -16,7 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from ait.families import ToolCall, get_family
-from ait.families.calc_chain import calculator
+from ait.job.task_tools.calc_chain import calculator
 from ait.spec import build_spec, load_spec
 
 FAMILY = get_family("calc_chain")

@@ -470,22 +470,6 @@ def test_reference_env_is_self_contained_and_matches_spec():
         assert 0.0 < env.reward_known_queue(f"Answer: {wrong}", r["answer"], r["info"]) < 1.0
 
 
-def test_reference_env_tools_agree_with_family_tools():
-    env_mod = load_reference_env()
-    for ex in examples({}, 40, seed=14) + examples({"n_targets": 2}, 10, seed=15):
-        env = env_mod.Environment()
-        env.reset({"world": ex.world})
-        rid = ex.world["targets"][0]
-        calls = FAMILY.gold_trace(ex) + [
-            ToolCall(name="get_request", arguments={"request_id": rid}),
-            ToolCall(name="get_request", arguments={"request_id": "REQ-0000"}),
-            ToolCall(name="get_rule", arguments={"index": 0}),
-            ToolCall(name="check_rule", arguments={"rule_index": 99, "request_id": rid}),
-        ] + [ToolCall(name="get_rule", arguments={"index": i}) for i in range(1, len(ex.world["rules"]) + 1)]
-        for c in calls:
-            assert getattr(env, c.name)(**c.arguments) == FAMILY.call_tool(ex.world, c), c
-
-
 def _reference_rows_at(tmp_path, knobs: dict | None, n: int = 200, seed: int = 0) -> list[dict]:
     return reference_rows_at(tmp_path, "dispatch", knobs, n, seed)
 

@@ -433,17 +433,8 @@ def test_reference_job_passes_the_probe(registered, tmp_path):
     assert report.valid, report.summary()
 
 
-def test_reference_env_matches_family_tools_and_prompt():
-    env_mod = load_ref_env()
-    fmt = FAMILY.eval_format(FAMILY.difficulty({}))
-    assert env_mod.SYSTEM_PROMPT == fmt.system_prompt
-    for ex in examples(ALL_Q, 50, seed=31):
-        env = env_mod.Environment()
-        env.reset({"world": ex.world})
-        calls = FAMILY.gold_trace(ex) + [ToolCall(name="apply_transaction", arguments={"index": 99}),
-                                         ToolCall(name="opening_balance", arguments={"account": "nope"})]
-        for c in calls:
-            assert getattr(env, c.name)(**c.arguments) == FAMILY.call_tool(ex.world, c), c
+def test_reference_env_prompt_matches_the_eval():
+    assert load_ref_env().SYSTEM_PROMPT == FAMILY.eval_format(FAMILY.difficulty({})).system_prompt
 
 
 def test_reference_dataset_is_distinct_correct_and_solvable():

@@ -417,21 +417,6 @@ def test_reference_job_passes_probe(monkeypatch, tmp_path):
     assert load_ref_env().SYSTEM_PROMPT == spec.eval_format.system_prompt
 
 
-def test_reference_tools_agree_with_family_tools():
-    env = load_ref_env()
-    for ex in examples({}, 50, seed=31):
-        e = env.Environment()
-        e.reset({"world": ex.world})
-        name = next(iter(ex.world["people"]))
-        extra = [ToolCall(name="lookup", arguments={"name": name[:-2], "field": "city"}),
-                 ToolCall(name="lookup", arguments={"name": name, "field": "shoe size"}),
-                 ToolCall(name="lookup", arguments={"name": "", "field": ""}),
-                 ToolCall(name="search", arguments={"name_prefix": name[:2]}),
-                 ToolCall(name="search", arguments={"name_prefix": "qqq"})]
-        for c in FAMILY.gold_trace(ex) + extra:
-            assert getattr(e, c.name)(**c.arguments) == FAMILY.call_tool(ex.world, c), c
-
-
 def test_reference_dataset_rows_are_consistent():
     env = load_ref_env()
     rows = env.build_dataset(200, 5)

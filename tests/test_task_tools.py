@@ -8,6 +8,8 @@ an agent writes in one turn).
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import random
 import re
 import sys
@@ -24,7 +26,7 @@ from ait.harness.episode import READ_ONLY, run_episode, seed_workspace
 from ait.harness.workspace_tools import ToolError, WorkspaceTools
 from ait.home import hidden_secret
 from ait.job import task_tools
-from ait.job.env_loader import EnvLoadError, import_env
+from ait.job.env_loader import EnvLoadError, env_tools, import_env
 from ait.job.export import export_job
 from ait.policy.reference import reference_job
 from ait.spec import load_spec
@@ -33,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TASKS = sorted((ROOT / "examples" / "tasks").glob("*.json"))
 REFERENCE_JOBS = ROOT / "src" / "ait" / "policy" / "reference_jobs"
 NAMES = sorted(FAMILIES)
-SURFACE = ("SYSTEM_PROMPT", "Environment", "task_difficulty", "make_row", "distinct_rows", "parse_answer", "gold")
+SURFACE = ("SYSTEM_PROMPT", "Environment", "make_tools", "task_difficulty", "make_row", "distinct_rows", "parse_answer",
+           "gold")
 MAX_ENV_TOKENS = 1000
 """Most tokens a reference env.py may take, estimated as characters / 4 (Qwen2.5's tokenizer counts
 380-510 for today's six; issue 22 asks for well under ~1,500)."""
@@ -56,6 +59,60 @@ def test_every_family_ships_a_stdlib_module_with_the_common_surface(family):
     assert set(SURFACE) <= top, set(SURFACE) - top
     # the reference job's copy (so that a reference job directory is a complete workspace) is the trusted one
     assert (REFERENCE_JOBS / family / task_tools.MODULE).read_text() == text
+
+
+def tool_module(family: str):
+    return importlib.import_module(f"ait.job.task_tools.{family}")
+
+
+def outcome(fn, args: dict) -> str:
+    try:
+        return fn(**args)
+    except Exception as e:  # noqa: BLE001 - both sides must fail alike
+        return f"raised {type(e).__name__}"
+
+
+@pytest.mark.parametrize("family", NAMES)
+def test_the_familys_tools_are_the_modules_functions(family):
+    """The hidden eval's tools are the workspace module's own functions, not a copy kept in step with it:
+    what the family returns for a world is what the module's make_tools returns (the same code, bound to
+    that world), so the eval and the job's task_tools.py cannot drift apart."""
+    fam, module = FAMILIES[family], tool_module(family)
+    rng = random.Random(0)
+    for knobs in ({}, fam.calibrated):
+        world = fam.example(rng, fam.difficulty(knobs)).world
+        ours, theirs = fam.tools(world), module.make_tools(world)
+        assert [fn.__code__ for fn in ours] == [fn.__code__ for fn in theirs]
+        assert {fn.__module__ for fn in ours} == {module.__name__}
+
+
+ENV_OWN_TOOLS = {"calc_chain"}
+"""Families whose Environment has a tool of its own rather than make_tools' (calc_chain's calculator
+computes in floats; the eval's is exact)."""
+
+
+@pytest.mark.parametrize("family", sorted(set(NAMES) - ENV_OWN_TOOLS))
+def test_the_environment_calls_the_same_tools(family):
+    """Environment's methods, what env.py's trainer calls (under docstrings of their own, which training
+    renders), are make_tools' functions: the same names and parameters, the same answers on the family's
+    worlds, on odd arguments, and on an empty info."""
+    fam, module = FAMILIES[family], tool_module(family)
+    methods = env_tools(module.Environment)
+    rng = random.Random(1)
+    exs = [fam.example(rng, fam.difficulty(knobs)) for knobs in ({}, fam.calibrated) for _ in range(5)]
+    for ex in exs + [None]:
+        world = ex.world if ex else {}
+        tools = {fn.__name__: fn for fn in module.make_tools(world)}
+        assert sorted(methods) == sorted(tools)
+        env = module.Environment()
+        env.reset({"world": world} if ex else {})
+        calls = [(c.name, c.arguments) for c in fam.gold_trace(ex)] if ex else []
+        for name, fn in tools.items():
+            params = list(inspect.signature(fn).parameters)
+            assert list(inspect.signature(methods[name]).parameters)[1:] == params, name
+            calls += [(name, dict.fromkeys(params, value)) for value in ("1", "nope", 0, None)]
+        for name, args in calls:
+            assert outcome(getattr(env, name), args) == outcome(tools[name], args), (name, args)
 
 
 @pytest.mark.parametrize("path", TASKS, ids=[p.stem for p in TASKS])

@@ -10,6 +10,9 @@ exactly one result.
 Signals: the first SIGTERM (or Ctrl-C) stops claiming and lets running jobs finish; a
 second one, or `drain_timeout_s` after the first, kills them and releases them back to
 the queue. Each job gets a worker-side log, <queue dir>/logs/<job_id>.log.
+
+What becomes of a run that ended, and when the loop stops, are ait.compute.worker_rules'; `Slots`
+applies them to the queue and the executor; `serve` adds the heartbeat thread and the signals.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, Protocol, Self
 
@@ -30,7 +32,8 @@ from pydantic import BaseModel
 
 from ait.compute.local import LocalLauncher
 from ait.compute.run_job import run_job
-from ait.job.types import FailReason, Job, JobResult
+from ait.compute.worker_rules import Run, StopRules, WorkerOptions, verdict
+from ait.job.types import Job, JobResult
 from ait.queue import JobQueue, JobState, Lease, QueueError, StaleLeaseError
 
 KILL_GRACE_S = 30.0  # how long a released job's slot may take to notice its processes died
@@ -39,20 +42,6 @@ TOUCH_EVERY_S = 5.0  # how often a serving worker marks itself alive in the queu
 
 def worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
-
-
-class WorkerOptions(BaseModel):
-    once: bool = False
-    """Exit as soon as nothing is queued and nothing runs."""
-    once_grace_s: float = 0.0
-    """With `once`: before the first job, wait this long for one to be queued (a worker started just
-    before its episode enqueues would otherwise exit at once and leave the episode waiting)."""
-    idle_exit_s: float | None = None
-    """Exit after this long with nothing to run."""
-    poll_s: float = 0.05
-    """How often an idle slot asks the queue for work (an idle poll is one cheap read)."""
-    drain_timeout_s: float | None = None
-    """After the first SIGTERM, release still-running jobs after this many seconds."""
 
 
 class WorkerStats(BaseModel):
@@ -119,13 +108,132 @@ class JobLog:
             pass  # a full disk must not stop the worker; the queue still records the outcome
 
 
-@dataclass
-class _Running:
-    lease: Lease
-    slot: int
-    started: float = field(default_factory=time.monotonic)
-    lost: bool = False
-    released: bool = False
+# ---------------------------------------------------------------- the slots and their leases
+
+
+class Slots:
+    """The executor's slots and the jobs running on them, each under a lease: claim, renew (heartbeat),
+    settle (`verdict`) and release. The heartbeat thread calls `heartbeat` while the loop calls the rest:
+    `running` is read by both under `lock`, and only the loop adds or removes runs."""
+
+    def __init__(self, queue: JobQueue, launcher: Launcher, wid: str,
+                 on_event: Callable[[WorkerEvent, WorkerStats], None] | None = None) -> None:
+        self.queue, self.launcher, self.wid, self.on_event = queue, launcher, wid, on_event
+        self.stats = WorkerStats(worker_id=wid, slots=len(launcher.slots))
+        self.log = JobLog(queue, wid)
+        self.free = list(range(len(launcher.slots)))
+        self.running: dict[Future, Run] = {}
+        self.lock = threading.Lock()
+
+    def emit(self, kind: str, message: str, job_id: str | None = None) -> None:
+        self.stats.busy = len(self.running)
+        if self.on_event:
+            self.on_event(WorkerEvent(kind=kind, job_id=job_id, message=message), self.stats)
+
+    def touch(self) -> None:
+        """Mark this worker alive in the queue (waiting episodes see a live worker)."""
+        try:
+            self.queue.touch_worker(self.wid)
+        except (sqlite3.Error, QueueError):
+            pass
+
+    def claim(self) -> int:
+        """Lease a job for every free slot while the queue has one, and start it; how many started."""
+        claimed = 0
+        while self.free:
+            lease = self.queue.claim(self.wid)
+            if lease is None:
+                break
+            claimed += 1
+            slot = self.free.pop(0)
+            env = self.launcher.slots[slot]
+            self.stats.claimed += 1
+            shown = " ".join(f"{k}={v!r}" for k, v in env.items())
+            self.log.write(lease, f"start slot={slot} {shown}".rstrip())
+            with self.lock:
+                self.running[self.launcher.submit(lease.job, env)] = Run(lease, slot)
+            self.emit("claimed", f"{lease.job_id} started (attempt {lease.attempt}, slot {slot})", lease.job_id)
+        return claimed
+
+    def heartbeat(self) -> None:
+        """Renew every running job's lease once. A lease another worker owns (or will own) now stops its
+        run: ours could only waste the slot, and its result would be refused."""
+        with self.lock:
+            live = [(fut, r) for fut, r in self.running.items() if not (r.lost or r.released)]
+        for fut, r in live:
+            try:
+                held = self.queue.heartbeat(r.lease)
+            except (sqlite3.Error, QueueError):
+                continue  # the database is busy or briefly unreachable: try again next beat
+            if not held:
+                r.lost = True
+                self.stats.lost += 1
+                self.log.write(r.lease, "lease lost while running; stopping this run (it runs again elsewhere)")
+                self.launcher.stop(r.lease.job, fut)
+
+    def finish(self, fut: Future) -> None:
+        """Free a done run's slot and act on its verdict."""
+        with self.lock:
+            run = self.running.pop(fut)
+        self.free.append(run.slot)
+        lease, seconds = run.lease, time.monotonic() - run.started
+        v = verdict(run, fut, self.launcher.to_result, self.queue.max_attempts)
+        if v.action == "drop":
+            return
+        if v.action == "reject":
+            self._reject(lease, seconds, "the lease was lost while running")
+            return
+        if v.action == "release":
+            released = self.queue.release(lease)
+            self.stats.released += released
+            self.log.write(lease, f"executor lost the job ({v.error}); released={released}")
+            self.emit("released", f"{lease.job_id} lost by the executor; back in the queue", lease.job_id)
+            return
+        assert v.result is not None
+        try:
+            state = self.queue.complete(lease, v.result)
+        except StaleLeaseError as e:
+            self._reject(lease, seconds, str(e))
+            return
+        ok = state is JobState.done
+        self.stats.done += ok
+        self.stats.failed += not ok
+        reason = "" if ok else f" reason={v.result.fail_reason.value if v.result.fail_reason else '-'}"
+        self.log.write(lease, f"end state={state.value}{reason} seconds={seconds:.1f}")
+        self.emit(state.value, f"{lease.job_id} {state.value}{reason} in {seconds:.1f}s", lease.job_id)
+
+    def _reject(self, lease: Lease, seconds: float, why: str) -> None:
+        self.stats.rejected += 1
+        self.log.write(lease, f"result rejected after {seconds:.1f}s: {why}")
+        self.emit("rejected", f"{lease.job_id} result discarded: lease lost", lease.job_id)
+
+    def finish_done(self, timeout: float) -> None:
+        """Wait up to `timeout` for a run to end, and finish every run that has."""
+        done, _ = wait(list(self.running), timeout=timeout, return_when=FIRST_COMPLETED)
+        for fut in done:
+            self.finish(fut)
+
+    def release_all(self, why: str) -> None:
+        """Stop every running job and hand its lease back, then give the slots KILL_GRACE_S to notice."""
+        with self.lock:
+            items = list(self.running.items())
+        for fut, r in items:
+            r.released = True  # first, so finish() never completes it
+            self.launcher.stop(r.lease.job, fut)
+            released = self.queue.release(r.lease)
+            self.stats.released += released
+            self.log.write(r.lease, f"released back to the queue ({why}); released={released}")
+            self.emit("released", f"{r.lease.job_id} released ({why})", r.lease.job_id)
+        deadline = time.monotonic() + KILL_GRACE_S
+        while self.running and time.monotonic() < deadline:
+            done, _ = wait(list(self.running), timeout=0.2)
+            for fut in done:
+                self.finish(fut)
+            for fut, r in list(self.running.items()):
+                self.launcher.stop(r.lease.job, fut)  # a process may have started after the first kill
+
+
+# ---------------------------------------------------------------- threads and signals
 
 
 class _Signals:
@@ -151,158 +259,48 @@ class _Signals:
             signal.signal(sig, old)
 
 
-def _heartbeats(queue: JobQueue, launcher: Launcher, running: dict[Future, _Running], lock: threading.Lock,
-                stop: threading.Event, log: JobLog, stats: WorkerStats) -> None:
-    interval = max(queue.lease_s / 3, 0.05)
+def _heartbeats(slots: Slots, stop: threading.Event) -> None:
+    interval = max(slots.queue.lease_s / 3, 0.05)  # three beats per lease: one failed write is no loss
     while not stop.wait(interval):
-        with lock:
-            live = [(fut, r) for fut, r in running.items() if not (r.lost or r.released)]
-        for fut, r in live:
-            try:
-                held = queue.heartbeat(r.lease)
-            except (sqlite3.Error, QueueError):
-                continue  # the database is busy or briefly unreachable: try again next beat
-            if not held:
-                # Another worker owns (or will own) the job now; ours can only waste the slot.
-                r.lost = True
-                stats.lost += 1
-                log.write(r.lease, "lease lost while running; stopping this run (it runs again elsewhere)")
-                launcher.stop(r.lease.job, fut)
+        slots.heartbeat()
 
 
 def serve(queue: JobQueue, launcher: Launcher, options: WorkerOptions | None = None, *,
           wid: str | None = None, on_event: Callable[[WorkerEvent, WorkerStats], None] | None = None) -> WorkerStats:
     """Serve jobs until stopped (signals, `once`, `idle_exit_s`); returns the counts."""
     opts = options or WorkerOptions()
-    wid = wid or worker_id()
-    stats = WorkerStats(worker_id=wid, slots=len(launcher.slots))
-    log = JobLog(queue, wid)
-    free = list(range(len(launcher.slots)))
-    running: dict[Future, _Running] = {}
-    lock = threading.Lock()
-
-    def emit(kind: str, message: str, job_id: str | None = None) -> None:
-        stats.busy = len(running)
-        if on_event:
-            on_event(WorkerEvent(kind=kind, job_id=job_id, message=message), stats)
-
-    def finish(fut: Future) -> None:
-        with lock:
-            r = running.pop(fut)
-        free.append(r.slot)
-        if r.released:
-            return  # handed back on shutdown; the next attempt reports
-        lease, seconds = r.lease, time.monotonic() - r.started
-        if r.lost:  # a heartbeat found the lease gone: whatever the run returned, complete() would refuse it
-            stats.rejected += 1
-            log.write(lease, f"result rejected after {seconds:.1f}s: the lease was lost while running")
-            emit("rejected", f"{lease.job_id} result discarded: lease lost", lease.job_id)
-            return
-        try:
-            result = fut.result()
-        except BaseException as e:  # noqa: BLE001 - any failure of the executor is the job's outcome
-            result = launcher.to_result(lease.job, e)
-            if result is None and lease.attempt < queue.max_attempts:
-                # The executor lost the job (a Ray node died): not the job's fault, run it again.
-                released = queue.release(lease)
-                stats.released += released
-                log.write(lease, f"executor lost the job ({type(e).__name__}: {e}); released={released}")
-                emit("released", f"{lease.job_id} lost by the executor; back in the queue", lease.job_id)
-                return
-            if result is None:
-                result = JobResult(job_id=lease.job_id, ok=False, fail_reason=FailReason.infra,
-                                   error=f"the executor lost the job on attempt {lease.attempt} "
-                                         f"({type(e).__name__}: {e})")
-        if not isinstance(result, JobResult) or result.job_id != lease.job_id:
-            result = JobResult(job_id=lease.job_id, ok=False, fail_reason=FailReason.infra,
-                               error=f"job function returned {type(result).__name__} for another job, not this one's JobResult")
-        try:
-            state = queue.complete(lease, result)
-        except StaleLeaseError as e:
-            stats.rejected += 1
-            log.write(lease, f"result rejected after {seconds:.1f}s: {e}")
-            emit("rejected", f"{lease.job_id} result discarded: lease lost", lease.job_id)
-            return
-        ok = state is JobState.done
-        stats.done += ok
-        stats.failed += not ok
-        reason = "" if ok else f" reason={result.fail_reason.value if result.fail_reason else '-'}"
-        log.write(lease, f"end state={state.value}{reason} seconds={seconds:.1f}")
-        emit(state.value, f"{lease.job_id} {state.value}{reason} in {seconds:.1f}s", lease.job_id)
-
-    def release_all(why: str) -> None:
-        with lock:
-            items = list(running.items())
-        for fut, r in items:
-            r.released = True  # first, so finish() never completes it
-            launcher.stop(r.lease.job, fut)
-            released = queue.release(r.lease)
-            stats.released += released
-            log.write(r.lease, f"released back to the queue ({why}); released={released}")
-            emit("released", f"{r.lease.job_id} released ({why})", r.lease.job_id)
-        deadline = time.monotonic() + KILL_GRACE_S
-        while running and time.monotonic() < deadline:
-            done, _ = wait(list(running), timeout=0.2)
-            for fut in done:
-                finish(fut)
-            for fut, r in list(running.items()):
-                launcher.stop(r.lease.job, fut)  # a process may have started after the first kill
-
+    slots = Slots(queue, launcher, wid or worker_id(), on_event)
     stop_beats = threading.Event()
-    beats = threading.Thread(target=_heartbeats, args=(queue, launcher, running, lock, stop_beats, log, stats),
-                             name="ait-heartbeat", daemon=True)
+    beats = threading.Thread(target=_heartbeats, args=(slots, stop_beats), name="ait-heartbeat", daemon=True)
     beats.start()
-    idle_since, drain_deadline = time.monotonic(), None
-    started, last_touch = time.monotonic(), 0.0
+    rules = StopRules(opts, started=time.monotonic(), idle_since=time.monotonic())
+    last_touch = 0.0
     try:
         with _Signals() as signals:
             while True:
-                if time.monotonic() - last_touch >= TOUCH_EVERY_S:  # waiting episodes see a live worker
+                if time.monotonic() - last_touch >= TOUCH_EVERY_S:
                     last_touch = time.monotonic()
-                    try:
-                        queue.touch_worker(wid)
-                    except (sqlite3.Error, QueueError):
-                        pass
-                if signals.count and not stats.stopping:
-                    stats.stopping = True
-                    if opts.drain_timeout_s is not None:
-                        drain_deadline = time.monotonic() + opts.drain_timeout_s
-                    emit("stopping", f"stopping: no new jobs; waiting for {len(running)} running "
-                                     f"(signal again to release them)")
-                if running and (signals.count >= 2 or (drain_deadline and time.monotonic() >= drain_deadline)):
-                    release_all("second signal" if signals.count >= 2 else "drain timeout")
+                    slots.touch()
+                if rules.start_stopping(signals.count, time.monotonic()):
+                    slots.stats.stopping = True
+                    slots.emit("stopping", f"stopping: no new jobs; waiting for {len(slots.running)} running "
+                                           f"(signal again to release them)")
+                if rules.release_now(signals.count, len(slots.running), time.monotonic()):
+                    slots.release_all("second signal" if signals.count >= 2 else "drain timeout")
                     break
-                claimed = False
-                while not stats.stopping and free:
-                    lease = queue.claim(wid)
-                    if lease is None:
-                        break
-                    claimed = True
-                    slot = free.pop(0)
-                    env = launcher.slots[slot]
-                    stats.claimed += 1
-                    shown = " ".join(f"{k}={v!r}" for k, v in env.items())
-                    log.write(lease, f"start slot={slot} {shown}".rstrip())
-                    with lock:
-                        running[launcher.submit(lease.job, env)] = _Running(lease, slot)
-                    emit("claimed", f"{lease.job_id} started (attempt {lease.attempt}, slot {slot})", lease.job_id)
-                if running or claimed:
-                    idle_since = time.monotonic()
-                elif stats.stopping or (opts.once and (stats.claimed or time.monotonic() - started >= opts.once_grace_s)) \
-                        or (opts.idle_exit_s is not None and time.monotonic() - idle_since >= opts.idle_exit_s):
+                claimed = 0 if rules.stopping else slots.claim()
+                if rules.exit_now(len(slots.running), claimed > 0, slots.stats.claimed, time.monotonic()):
                     break
-                if running:
-                    done, _ = wait(list(running), timeout=opts.poll_s, return_when=FIRST_COMPLETED)
-                    for fut in done:
-                        finish(fut)
+                if slots.running:
+                    slots.finish_done(opts.poll_s)
                 else:
                     signals.event.wait(opts.poll_s)
     finally:
         stop_beats.set()
         beats.join()
         launcher.close()
-    stats.busy = len(running)
-    return stats
+    slots.stats.busy = len(slots.running)
+    return slots.stats
 
 
 def run_worker(queue: JobQueue, *, once: bool = False, idle_exit_s: float | None = None, poll_s: float = 0.05,

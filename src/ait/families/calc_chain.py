@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import random
 import re
-from decimal import Decimal
-from fractions import Fraction
 from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -18,16 +16,19 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ait.contract import EvalFormat, ToolParam, ToolSpec
 from ait.families.base import Example, Family, ToolCall
 
-OPS = {"+": "add", "-": "subtract", "*": "multiply", "/": "divide"}
+# The calculator, and the exact arithmetic the generator and the scorer share with it, are the
+# stdlib-only module every workspace gets as task_tools.py: one source for the hidden eval and the
+# jobs. Its helpers keep their leading underscore there, so what env.py sees of the module (and the
+# probe's hints, which list its public names) stays the surface its docstring documents.
+from ait.job.task_tools.calc_chain import MAX_MAGNITUDE, _apply_op as apply_op, _format_number as format_number
+from ait.job.task_tools.calc_chain import _to_number as to_number, make_tools
+
 PHRASES = {
     "+": ["add {b}", "increase it by {b}", "add another {b}"],
     "-": ["subtract {b}", "decrease it by {b}", "take away {b}"],
     "*": ["multiply it by {b}", "multiply the result by {b}", "scale it by a factor of {b}"],
     "/": ["divide it by {b}", "split it into {b} equal parts and keep one part"],
 }
-MAX_MAGNITUDE = 10**100  # above any gold value the difficulty bounds allow; keeps tool output short
-MAX_EXPONENT = 120  # a number's decimal exponent, either way: beyond MAX_MAGNITUDE, and cheap to make exact
-MAX_NUMBER_TEXT = 400  # characters of one number's text
 ANSWER_RE = re.compile(r"answer\s*[:=]\s*([-+−]?\s*[\d,]+(?:\.\d+)?)", re.IGNORECASE)
 
 
@@ -52,76 +53,12 @@ class CalcDifficulty(BaseModel):
         return self
 
 
-def to_number(x: object) -> int | Fraction:
-    """Exact value of a tool argument: ints stay ints (no float rounding past 2**53)."""
-    if isinstance(x, bool):
-        raise ValueError("a boolean is not a number")
-    if isinstance(x, int):
-        return x
-    text = str(x).strip().replace(",", "").replace("−", "-")
-    if len(text) > MAX_NUMBER_TEXT:  # a number's digits are parsed in linear time, but not a page of them
-        raise ValueError("too many digits")
-    d = Decimal(text)
-    if not d.is_finite():
-        raise ValueError("not a finite number")
-    if d and not -MAX_EXPONENT <= d.adjusted() <= MAX_EXPONENT:
-        # Fraction("1e999999999") would build a billion-digit integer: the eval would spin until its timeout
-        raise ValueError("out of range")
-    f = Fraction(d)
-    return f.numerator if f.denominator == 1 else f
-
-
-def format_number(x: int | Fraction) -> str:
-    """Integers without a decimal point; other values rounded to 6 decimals."""
-    if isinstance(x, int) or x.denominator == 1:
-        return str(int(x))
-    return f"{Decimal(x.numerator) / Decimal(x.denominator):.6f}".rstrip("0").rstrip(".")
-
-
 def normalize_number(text: str) -> str | None:
     """'1,234' / '+1234' / '1234.0' / '−5' -> canonical string; None if not a number (exact, no floats)."""
     try:
         return format_number(to_number(text.replace(" ", "").lstrip("+")))
     except (ArithmeticError, ValueError):
         return None
-
-
-def apply_op(a: int | Fraction, op: str, b: int | Fraction) -> int | Fraction:
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if op == "/":
-        q = Fraction(a) / Fraction(b)
-        return q.numerator if q.denominator == 1 else q
-    raise ValueError(f"unknown operator {op!r}")
-
-
-def calculator(a: float, op: str, b: float) -> str:
-    """Apply one arithmetic operation to two numbers and return the result.
-
-    Args:
-        a: The left operand.
-        op: The operator, one of "+", "-", "*", "/".
-        b: The right operand.
-
-    Returns:
-        The result as text, or a line starting with "error:".
-    """
-    try:
-        a, b = to_number(a), to_number(b)
-    except (ArithmeticError, ValueError, TypeError):
-        return "error: a and b must be finite numbers"
-    if op not in OPS:
-        return f"error: op must be one of + - * /, got {op!r}"
-    if op == "/" and b == 0:
-        return "error: division by zero"
-    result = apply_op(a, op, b)
-    if abs(result) > MAX_MAGNITUDE:
-        return "error: result out of range (magnitude above 1e100)"
-    return format_number(result)
 
 
 MAX_DIVISOR = 2000  # bounded search keeps generation fast for huge intermediate values
@@ -163,7 +100,7 @@ class CalcChain(Family):
         return Example(prompt=prompt, world={"steps": steps}, answer=str(value))
 
     def tools(self, world: dict[str, Any]) -> list[Callable[..., str]]:
-        return [calculator]  # stateless: the world is only used by gold_trace
+        return make_tools(world)  # stateless: the world is only used by gold_trace
 
     def score(self, response: str, answer: str) -> float:
         matches = ANSWER_RE.findall(response or "")

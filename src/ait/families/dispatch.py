@@ -36,7 +36,6 @@ several requests (a harder, much longer walk).
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from collections import Counter
@@ -46,6 +45,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ait.contract import EvalFormat, ToolParam, ToolSpec
 from ait.families.base import Example, Family, InlineDifficulty, ToolCall
+
+# The tools, and the rule semantics the generator shares with them, are the stdlib-only module every
+# workspace gets as task_tools.py: one source for the hidden eval and the jobs. Its helpers keep their
+# leading underscore there, so what env.py sees of the module (and the probe's hints, which list its
+# public names) stays the surface its docstring documents.
+from ait.job.task_tools.dispatch import _holds as holds, _route as first_match, _rule_text as fmt_rule, make_tools
 
 # name -> ("int", lo, hi) or ("cat", [values])
 ATTRIBUTES: dict[str, tuple] = {
@@ -128,41 +133,7 @@ class DispatchDifficulty(InlineDifficulty):
         return self
 
 
-# ---------------------------------------------------------------- rule semantics and text
-
-
-def holds(cond: dict[str, Any], value: Any) -> bool:
-    op, target = cond["op"], cond["value"]
-    if op == ">=":
-        return value >= target
-    if op == "<=":
-        return value <= target
-    if op == ">":
-        return value > target
-    if op == "<":
-        return value < target
-    if op == "==":
-        return value == target
-    if op == "!=":
-        return value != target
-    if op == "in":
-        return value in target
-    if op == "not in":
-        return value not in target
-    raise ValueError(f"unknown operator {op!r}")
-
-
-def fmt_value(value: Any) -> str:
-    return json.dumps(value)  # ints plain, strings quoted, lists as ["a", "b"]
-
-
-def fmt_condition(cond: dict[str, Any]) -> str:
-    return f"{cond['attr']} {cond['op']} {fmt_value(cond['value'])}"
-
-
-def fmt_rule(index: int, rule: dict[str, Any]) -> str:
-    conds = " and ".join(fmt_condition(c) for c in rule["conditions"])
-    return f"rule {index}: if {conds} -> queue {rule['queue']}"
+# ---------------------------------------------------------------- inline text and answers
 
 
 def inline_text(world: dict[str, Any]) -> str:
@@ -177,15 +148,6 @@ def inline_text(world: dict[str, Any]) -> str:
     lines.append(f"If no rule matches: default queue {world['default_queue']}")
     lines.append(INLINE_TAIL_MANY if len(world["targets"]) > 1 else INLINE_TAIL_ONE)
     return "\n".join(lines)
-
-
-def first_match(world: dict[str, Any], request_id: str) -> str:
-    """The queue the request is routed to (first rule whose conditions all hold, else default)."""
-    attrs = world["requests"][request_id]
-    for rule in world["rules"]:
-        if all(holds(c, attrs[c["attr"]]) for c in rule["conditions"]):
-            return rule["queue"]
-    return world["default_queue"]
 
 
 def mode_queue(queues: list[str]) -> str | None:
@@ -204,113 +166,6 @@ def normalize_queue(text: str) -> str:
     t = t.strip(" .,;:!?()[]{}<>")
     t = re.sub(r"\s+queue$", "", t)
     return re.sub(r"[\s_\-]+", "-", t).strip("-")
-
-
-def to_index(x: Any) -> int | None:
-    if isinstance(x, bool):
-        return None
-    if isinstance(x, int):
-        return x
-    if isinstance(x, float) and x.is_integer():
-        return int(x)
-    if isinstance(x, str) and re.fullmatch(r"\s*[+]?\d+\s*", x):
-        return int(x)
-    return None
-
-
-def to_request_id(x: Any) -> str | None:
-    if not isinstance(x, (str, int)) or isinstance(x, bool):
-        return None
-    s = str(x).strip().strip("\"'").upper()
-    if s.isdigit():
-        s = f"REQ-{s}"
-    return s or None
-
-
-# ---------------------------------------------------------------- tools
-
-
-def make_tools(world: dict[str, Any]) -> list[Callable[..., str]]:
-    rules, requests, default = world["rules"], world["requests"], world["default_queue"]
-    order = world["attributes"]
-    n = len(rules)
-
-    def find(request_id: Any) -> tuple[str | None, str | None]:
-        rid = to_request_id(request_id)
-        if rid is None or rid not in requests:
-            return None, f"error: no request {str(request_id)[:40]!r}; request ids look like REQ-1234"
-        return rid, None
-
-    def bad_index(index: Any) -> str | None:
-        i = to_index(index)
-        if i is None or not 1 <= i <= n:
-            return f"error: rule index must be an integer from 1 to {n}"
-        return None
-
-    def get_request(request_id: str) -> str:
-        """Look up a request's attributes.
-
-        Args:
-            request_id: The request id, e.g. "REQ-4821".
-
-        Returns:
-            The attributes as "name=value" pairs, or a line starting with "error:".
-        """
-        rid, err = find(request_id)
-        if err:
-            return err
-        attrs = requests[rid]
-        return f"{rid}: " + ", ".join(f"{a}={attrs[a]}" for a in order)
-
-    def count_rules() -> str:
-        """Say how many routing rules there are and name the default queue.
-
-        Returns:
-            The number of rules and the default queue.
-        """
-        return (f"{n} rules (1-{n}), checked in order; the first rule whose conditions all hold "
-                f"decides the queue; if none holds, the default queue is {default}")
-
-    def get_rule(index: int) -> str:
-        """Read one routing rule: its conditions (all must hold) and its queue.
-
-        Args:
-            index: The rule's position in the table, starting at 1.
-
-        Returns:
-            The rule as text, or a line starting with "error:".
-        """
-        err = bad_index(index)
-        if err:
-            return err
-        i = to_index(index)
-        return fmt_rule(i, rules[i - 1])
-
-    def check_rule(rule_index: int, request_id: str) -> str:
-        """Check whether every condition of one rule holds for one request.
-
-        Args:
-            rule_index: The rule's position in the table, starting at 1.
-            request_id: The request id, e.g. "REQ-4821".
-
-        Returns:
-            Whether the rule matches (and its queue), or which conditions failed.
-        """
-        err = bad_index(rule_index)
-        if err:
-            return err
-        rid, err = find(request_id)
-        if err:
-            return err
-        i = to_index(rule_index)
-        rule, attrs = rules[i - 1], requests[rid]
-        failed = [c for c in rule["conditions"] if not holds(c, attrs[c["attr"]])]
-        if not failed:
-            return f"rule {i} matches {rid} -> queue {rule['queue']}"
-        why = "; ".join(f"{fmt_condition(c)} (request has {c['attr']}={attrs[c['attr']]})" for c in failed)
-        return f"rule {i} does not match {rid}: failed {why}"
-
-    return [get_request, count_rules, get_rule, check_rule]
 
 
 # ---------------------------------------------------------------- generation

@@ -59,6 +59,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ait.contract import EvalFormat, ToolParam, ToolSpec
 from ait.families.base import Example, Family, InlineDifficulty, ToolCall
 
+# The tools, and the ledger semantics the generator shares with them, are the stdlib-only module every
+# workspace gets as task_tools.py: one source for the hidden eval and the jobs. Its helpers keep their
+# leading underscore there, so what env.py sees of the module (and the probe's hints, which list its
+# public names) stays the surface its docstring documents.
+from ait.job.task_tools.ledger import _describe as describe, _format_balances as format_balances
+from ait.job.task_tools.ledger import _run as process, _step as step, make_tools
+
 ACCOUNT_NAMES = ["checking", "savings", "cash", "travel", "rent", "payroll", "reserve", "groceries"]
 QUESTION_TYPES = ("balance", "net_change", "rejected", "fees")
 RULE_OVERDRAFT = "a withdrawal or transfer that would make a balance negative is rejected and skipped"
@@ -103,145 +110,6 @@ class LedgerDifficulty(InlineDifficulty):
 
     def question_types(self) -> list[str]:
         return list(dict.fromkeys(self.questions.split(",")))
-
-
-# ---------------------------------------------------------------- ledger semantics
-
-
-def describe(tx: dict[str, Any]) -> str:
-    kind = tx["kind"]
-    if kind == "deposit":
-        return f"deposit {tx['amount']} into {tx['account']}"
-    if kind == "withdrawal":
-        return f"withdraw {tx['amount']} from {tx['account']}"
-    if kind == "transfer":
-        return f"transfer {tx['amount']} from {tx['account']} to {tx['to']}"
-    return f"fee {tx['percent']}% on {tx['account']}"
-
-
-def step(balances: dict[str, int], tx: dict[str, Any]) -> tuple[bool, int]:
-    """Apply one transaction in place; returns (applied, fee charged)."""
-    kind, acct = tx["kind"], tx["account"]
-    if kind == "deposit":
-        balances[acct] += tx["amount"]
-    elif kind in ("withdrawal", "transfer"):
-        if balances[acct] - tx["amount"] < 0:
-            return False, 0
-        balances[acct] -= tx["amount"]
-        if kind == "transfer":
-            balances[tx["to"]] += tx["amount"]
-    else:
-        charged = balances[acct] * tx["percent"] // 100
-        balances[acct] -= charged
-        return True, charged
-    return True, 0
-
-
-def process(world: dict[str, Any], upto: int) -> tuple[dict[str, int], list[tuple[bool, int]]]:
-    """Balances after transactions #1..#upto, and each one's (applied, charged)."""
-    balances = dict(world["accounts"])
-    outcomes = [step(balances, tx) for tx in world["transactions"][:upto]]
-    return balances, outcomes
-
-
-def format_balances(balances: dict[str, int]) -> str:
-    return ", ".join(f"{name}={balances[name]}" for name in sorted(balances))
-
-
-def as_index(value: Any) -> int | None:
-    """An index argument as an int: ints, integral floats and digit strings; else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and re.fullmatch(r"\s*#?\s*[+-]?\d{1,6}\s*", value):
-        return int(value.replace("#", "").strip())
-    return None
-
-
-def account_name(account: Any, accounts: dict[str, int]) -> tuple[str, str | None]:
-    """(the account's name as the ledger spells it, None), or (that name, an error listing the accounts)."""
-    name = str(account).strip().strip("'\"").lower()
-    if name in accounts:
-        return name, None
-    return name, f"error: unknown account {str(account)[:40]!r}; accounts: {', '.join(sorted(accounts))}"
-
-
-def make_tools(world: dict[str, Any]) -> list[Callable[..., str]]:
-    txs = world.get("transactions") or []
-    accounts = world.get("accounts") or {}
-    n = len(txs)
-
-    def list_transactions() -> str:
-        """List the ledger's transactions in processing order, numbered from 1.
-
-        Returns:
-            One line per transaction, e.g. '#2 withdraw 300 from checking'.
-        """
-        lines = [f"Ledger {world.get('ledger', '?')}: {n} transactions, processed in order #1..#{n}."]
-        lines += [f"#{i} {describe(tx)}" for i, tx in enumerate(txs, 1)]
-        return "\n".join(lines)
-
-    def apply_transaction(index: int) -> str:
-        """Process the ledger in order through transaction #index and report its outcome.
-
-        Every earlier transaction is processed first, from the opening balances; a withdrawal
-        or transfer that would make a balance negative is rejected and skipped, and a fee
-        takes the given percent of the current balance, rounded down.
-
-        Args:
-            index: The transaction number, from 1 to the number of transactions.
-
-        Returns:
-            The transaction's outcome and every balance right after it.
-        """
-        i = as_index(index)
-        if i is None or not 1 <= i <= n:
-            return f"error: index must be an integer from 1 to {n}, got {str(index)[:40]!r}"
-        balances, outcomes = process(world, i)
-        tx = txs[i - 1]
-        applied, charged = outcomes[-1]
-        if not applied:
-            held = balances[tx["account"]]
-            outcome = f"rejected ({tx['account']} has only {held})"
-        elif tx["kind"] == "fee":
-            outcome = f"applied, charged {charged}"
-        else:
-            outcome = "applied"
-        return f"#{i} {describe(tx)}: {outcome}. Balances after #{i}: {format_balances(balances)}"
-
-    def opening_balance(account: str) -> str:
-        """Look up an account's opening balance, before transaction #1 is processed.
-
-        Args:
-            account: The account name, e.g. 'savings'.
-
-        Returns:
-            The opening balance as text.
-        """
-        name, error = account_name(account, accounts)
-        if error:
-            return error
-        return f"Opening balance of {name}: {accounts[name]} (before transaction #1)"
-
-    def final_balance(account: str) -> str:
-        """Process the whole ledger, every transaction in order, and report an account's final balance.
-
-        Args:
-            account: The account name, e.g. 'savings'.
-
-        Returns:
-            The account's balance after the last transaction, as text.
-        """
-        name, error = account_name(account, accounts)
-        if error:
-            return error
-        balances, _ = process({"accounts": accounts, "transactions": txs}, n)
-        return f"Final balance of {name}: {balances[name]} (after all {n} transactions)"
-
-    return [list_transactions, apply_transaction, opening_balance, final_balance]
 
 
 # ---------------------------------------------------------------- generation

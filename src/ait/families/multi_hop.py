@@ -46,7 +46,6 @@ the question and the tools are optional. inline=False is the tools-only setting,
 
 from __future__ import annotations
 
-import difflib
 import random
 import re
 from typing import Any, Callable
@@ -55,6 +54,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ait.contract import EvalFormat, ToolParam, ToolSpec
 from ait.families.base import Example, Family, InlineDifficulty, ToolCall
+
+# The tools are the stdlib-only module every workspace gets as task_tools.py: one source for the
+# hidden eval and the jobs.
+from ait.job.task_tools.multi_hop import MAX_SEARCH_RESULTS, make_tools
 
 RELATIONS = ["manager", "mentor", "best_friend", "neighbor", "dentist"]
 ATTRIBUTES: dict[str, list[str]] = {
@@ -106,7 +109,6 @@ INLINE_SYSTEM_PROMPT = (
     "line 'Answer: <value>'."
 )
 ANSWER_RE = re.compile(r"answer\s*[:=]\s*(.*)", re.IGNORECASE)
-MAX_SEARCH_RESULTS = 8
 INLINE_ROWS = 6
 """Inline prompts show every person up to this many, else the chain plus distractors up to max(this, hops + 4)."""
 INLINE_TRAILER = "Reply with one sentence per step, like \"{steps}\", then the final line 'Answer: <value>' (the value alone)."
@@ -148,74 +150,11 @@ def display(field: str) -> str:
     return field.replace("_", " ")
 
 
-def norm_key(text: str) -> str:
-    """Name/field key: case-insensitive, whitespace collapsed, surrounding quotes and dots dropped."""
-    return " ".join(text.split()).strip(" .,'\"`").casefold()
-
-
-def norm_field(text: str) -> str:
-    return norm_key(text).replace("-", "_").replace(" ", "_")
-
-
 def normalize_answer(text: str) -> str:
     """Case, hyphens/underscores, punctuation and whitespace-insensitive form of an answer."""
     text = re.sub(r"[_\-]", " ", text.casefold())
     text = re.sub(r"[^\w\s]", "", text)
     return " ".join(text.split())
-
-
-def make_tools(world: dict[str, Any]) -> list[Callable[..., str]]:
-    people: dict[str, dict[str, str]] = world.get("people", {})
-    fields: list[str] = list(world.get("fields", []))
-    by_key = {norm_key(name): name for name in people}
-
-    def lookup(name: str, field: str) -> str:
-        """Look up one field of one person in the directory.
-
-        Args:
-            name: The person's full name, e.g. "Alice Varga".
-            field: The field to read, e.g. "manager" or "city".
-
-        Returns:
-            The field's value (for relation fields, another person's full name), or a line starting with "error:".
-        """
-        if not isinstance(name, str) or not name.strip():
-            return "error: name must be a non-empty string (a person's full name)"
-        if not isinstance(field, str) or not field.strip():
-            return f"error: field must be a non-empty string; valid fields: {', '.join(fields)}"
-        person = by_key.get(norm_key(name))
-        if person is None:
-            close = difflib.get_close_matches(norm_key(name), list(by_key), n=3, cutoff=0.6)
-            hint = f"; similar names: {', '.join(by_key[c] for c in close)}" if close else ""
-            return f"error: no person named {name.strip()[:60]!r}{hint}"
-        key = norm_field(field)
-        if key not in fields:
-            return f"error: unknown field {field.strip()[:40]!r}; valid fields: {', '.join(fields)}"
-        return people[person][key]
-
-    def search(name_prefix: str) -> str:
-        """Find people whose first name or surname starts with a prefix.
-
-        Args:
-            name_prefix: The start of a first name, surname or full name, e.g. "Ali" or "Varga".
-
-        Returns:
-            Matching full names separated by "; ", or a line starting with "error:".
-        """
-        if not isinstance(name_prefix, str) or not name_prefix.strip():
-            return "error: name_prefix must be a non-empty string"
-        prefix = norm_key(name_prefix)
-        if not prefix:
-            return "error: name_prefix must contain letters"
-        hits = [name for key, name in by_key.items()
-                if key.startswith(prefix) or any(w.startswith(prefix) for w in key.split())]
-        if not hits:
-            return f"error: no person matches {name_prefix.strip()[:60]!r}"
-        hits.sort()
-        more = f" (+{len(hits) - MAX_SEARCH_RESULTS} more)" if len(hits) > MAX_SEARCH_RESULTS else ""
-        return "; ".join(hits[:MAX_SEARCH_RESULTS]) + more
-
-    return [lookup, search]
 
 
 def generate_names(rng: random.Random, n: int, n_similar: int) -> list[str]:

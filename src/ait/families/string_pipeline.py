@@ -39,9 +39,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ait.contract import EvalFormat, ToolParam, ToolSpec
 from ait.families.base import Example, Family, InlineDifficulty, ToolCall
 
-OPS = ["reverse", "upper", "lower", "rotate_left", "rotate_right", "replace", "drop_vowels", "every_other",
-       "caesar", "sort_chars", "dedupe"]
-NUMERIC_OPS = {"rotate_left", "rotate_right", "caesar"}
+# The tools, and the transforms the generator shares with them, are the stdlib-only module every
+# workspace gets as task_tools.py: one source for the hidden eval and the jobs. Its helpers keep their
+# leading underscore there, so what env.py sees of the module (and the probe's hints, which list its
+# public names) stays the surface its docstring documents.
+from ait.job.task_tools.string_pipeline import NUMERIC_OPS, OPS, _apply as apply_transform, make_tools
+
 OP_HELP = {
     "reverse": "reverse the string",
     "upper": "uppercase every letter",
@@ -87,10 +90,7 @@ INLINE_REMINDER = " End your reply with the line 'Answer: <string>'."
 """Closes an inline question: with the tools listed, Qwen2.5-Coder-0.5B otherwise answers an inline
 question with a tool-call JSON object (often with a made-up "return" field) and never writes the
 Answer line; this sentence in the question (not the system prompt) makes it answer."""
-VOWELS = set("aeiouAEIOU")
 ALPHABET = string.ascii_letters + string.digits
-MAX_TEXT = 200  # longest text transform accepts; keeps tool output short
-MAX_PIECE = 10  # longest A or B in a replace arg
 ANSWER_RE = re.compile(r"answer\**\s*[:=]\**[ \t]*([^\n]*)", re.IGNORECASE)
 STRIP_CHARS = " \t\r\n\"'`"
 
@@ -133,106 +133,6 @@ class StringDifficulty(InlineDifficulty):
         if self.min_length > self.max_length:
             raise ValueError("min_length must not exceed max_length")
         return self
-
-
-
-# ---------------------------------------------------------------- pure transforms
-
-
-def parse_int(arg: Any) -> int | None:
-    if isinstance(arg, bool):
-        return None
-    if isinstance(arg, int):
-        return arg
-    if isinstance(arg, str) and re.fullmatch(r"[+-]?\d{1,6}", arg.strip()):
-        return int(arg.strip())
-    return None
-
-
-def unquote(s: str) -> str:
-    s = s.strip()
-    if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"`":
-        s = s[1:-1]
-    return s
-
-
-def parse_replace(arg: Any) -> tuple[str, str] | None:
-    if not isinstance(arg, str) or "->" not in arg:
-        return None
-    old, new = arg.split("->", 1)
-    old, new = unquote(old), unquote(new)
-    if not old or len(old) > MAX_PIECE or len(new) > MAX_PIECE:
-        return None
-    return old, new
-
-
-def caesar(text: str, n: int) -> str:
-    out = []
-    for c in text:
-        if "a" <= c <= "z":
-            out.append(chr((ord(c) - 97 + n) % 26 + 97))
-        elif "A" <= c <= "Z":
-            out.append(chr((ord(c) - 65 + n) % 26 + 65))
-        else:
-            out.append(c)
-    return "".join(out)
-
-
-def apply_transform(text: str, op: str, arg: Any) -> str:
-    """The transform, or a text starting with 'error:' (never raises)."""
-    if op == "reverse":
-        return text[::-1]
-    if op == "upper":
-        return text.upper()
-    if op == "lower":
-        return text.lower()
-    if op in NUMERIC_OPS:
-        n = parse_int(arg)
-        if n is None:
-            return f"error: {op} needs arg = a whole number as text, e.g. '3'; got {arg!r}"
-        if op == "caesar":
-            return caesar(text, n)
-        if not text:
-            return text
-        k = n % len(text)
-        return text[k:] + text[:k] if op == "rotate_left" else text[len(text) - k:] + text[:len(text) - k]
-    if op == "replace":
-        pair = parse_replace(arg)
-        if pair is None:
-            return f"error: replace needs arg 'A->B' (A non-empty, each at most {MAX_PIECE} chars); got {arg!r}"
-        out = text.replace(*pair)
-        return out if len(out) <= MAX_TEXT else f"error: result longer than {MAX_TEXT} characters"
-    if op == "drop_vowels":
-        return "".join(c for c in text if c not in VOWELS)
-    if op == "every_other":
-        return text[::2]
-    if op == "sort_chars":
-        return "".join(sorted(text))
-    if op == "dedupe":
-        return "".join(dict.fromkeys(text))
-    return f"error: unknown op {op!r}; ops: {', '.join(OPS)}"
-
-
-def normalize_op(op: Any) -> str | None:
-    if not isinstance(op, str):
-        return None
-    return op.strip().lower().replace("-", "_").replace(" ", "_")
-
-
-def transform_text(text: Any, op: Any, arg: Any) -> str:
-    """Validate the arguments of a transform call, then apply it."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        text = str(text)
-    if not isinstance(text, str):
-        return f"error: text must be a string, got {type(text).__name__}"
-    if len(text) > MAX_TEXT:
-        return f"error: text longer than {MAX_TEXT} characters"
-    name = normalize_op(op)
-    if name is None:
-        return f"error: op must be a string, one of: {', '.join(OPS)}"
-    if arg is None:
-        arg = ""
-    return apply_transform(text, name, arg)
 
 
 def unanswer(text: str) -> str:
@@ -303,38 +203,7 @@ class StringPipeline(Family):
         return "reverse", "", PHRASES["reverse"][0], value[::-1]
 
     def tools(self, world: dict[str, Any]) -> list[Callable[..., str]]:
-        records: dict[str, str] = dict(world.get("records", {}))
-
-        def get_record(record_id: str) -> str:
-            """Fetch the stored text of a record by its id.
-
-            Args:
-                record_id: The record id from the question, e.g. "R7".
-
-            Returns:
-                The record's text, or a line starting with "error:".
-            """
-            if not isinstance(record_id, str) or not record_id.strip():
-                return "error: record_id must be a non-empty string such as 'R7'"
-            key = record_id.strip().upper()
-            if key not in records:
-                return f"error: unknown record {record_id!r}; known: {', '.join(sorted(records))}"
-            return records[key]
-
-        def transform(text: str, op: str, arg: str) -> str:
-            """Apply one string transform and return the new text.
-
-            Args:
-                text: The text to transform (the record or the previous result).
-                op: One of reverse, upper, lower, rotate_left, rotate_right, replace, drop_vowels, every_other, caesar, sort_chars, dedupe.
-                arg: The op's argument: N for rotate_left, rotate_right and caesar (e.g. "3"); "A->B" for replace; "" for the others.
-
-            Returns:
-                The transformed text, or a line starting with "error:".
-            """
-            return transform_text(text, op, arg)
-
-        return [get_record, transform]
+        return make_tools(world)
 
     def score(self, response: str, answer: str) -> float:
         matches = ANSWER_RE.findall(response or "")

@@ -47,6 +47,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ait.contract import EvalFormat, ToolParam, ToolSpec
 from ait.families.base import Example, Family, InlineDifficulty, ToolCall
 
+# The tools, and the time helpers the generator shares with them, are the stdlib-only module every
+# workspace gets as task_tools.py: one source for the hidden eval and the jobs. Its helpers keep their
+# leading underscore there, so what env.py sees of the module (and the probe's hints, which list its
+# public names) stays the surface its docstring documents.
+from ait.job.task_tools.triage import _hhmm as fmt_time, _minutes as parse_time, make_tools
+
 SERVICE_POOL = [
     "checkout", "payments", "auth", "inventory", "search", "cart", "users", "orders",
     "shipping", "notifications", "catalog", "pricing", "gateway", "ledger", "billing",
@@ -91,13 +97,8 @@ WARN_NOISE = [
     "certificate expires in 14 days",
 ]
 INFO_NOISE = ["health check ok", "processed 1532 requests", "config reloaded", "worker pool size 16"]
-LEVELS = {"error": ("ERROR",), "errors": ("ERROR",), "warn": ("WARN",), "warning": ("WARN",), "warnings": ("WARN",),
-          "info": ("INFO",), "any": ("ERROR", "WARN", "INFO"), "all": ("ERROR", "WARN", "INFO")}
-MAX_DEPLOY_LINES = 8
-MAX_LOG_LINES = 8
 WINDOW_START = 45  # in-window distractor deploys land within this many minutes before the alert
 BACKGROUND_GAP = 100  # background deploys stay this many minutes before (or 30 after) the alert
-TIME_RE = re.compile(r"^\s*(\d{1,2}):(\d{2})(?::\d{2})?\s*$")
 ANSWER_LINE_RE = re.compile(r"answer\s*[:=]\s*(.*)", re.IGNORECASE)
 PAIR_RE = re.compile(r"([a-z][a-z0-9_]*)(?:\s*(?:@|:|==|=|,)\s*|\s+)v?(\d+(?:\.\d+){1,3})(?![\d.]*\d)")
 
@@ -128,25 +129,6 @@ class TriageDifficulty(InlineDifficulty):
         return self
 
 
-def fmt_time(minutes: int) -> str:
-    return f"{minutes // 60:02d}:{minutes % 60:02d}"
-
-
-def parse_time(text: object) -> int | None:
-    """'14:05' / '9:30' / '14:05:00' -> minutes since midnight; None if not a time of day."""
-    if not isinstance(text, str):
-        return None
-    m = TIME_RE.match(text)
-    if not m:
-        return None
-    h, mi = int(m.group(1)), int(m.group(2))
-    return h * 60 + mi if h < 24 and mi < 60 else None
-
-
-def norm_service(name: object) -> str | None:
-    return name.strip().lower() if isinstance(name, str) and name.strip() else None
-
-
 def parse_answer(text: str) -> tuple[str, str] | None:
     """The one service@version named on the last 'Answer:' line; None if none or several."""
     lines = ANSWER_LINE_RE.findall(text or "")
@@ -155,98 +137,6 @@ def parse_answer(text: str) -> tuple[str, str] | None:
     line = re.sub(r"\bversion\b", " ", lines[-1].lower()).replace("`", " ").replace("*", " ").replace('"', " ")
     pairs = {(s, v) for s, v in PAIR_RE.findall(line) if s != "v"}
     return pairs.pop() if len(pairs) == 1 else None
-
-
-# ---------------------------------------------------------------- tools
-
-
-def make_tools(world: dict[str, Any]) -> list[Callable[..., str]]:
-    services: list[str] = list(world.get("services", []))
-    deps: dict[str, list[str]] = world.get("deps", {})
-    deploys: list[dict] = world.get("deploys", [])
-    alerts: list[dict] = world.get("alerts", [])
-    logs: dict[str, list[dict]] = world.get("logs", {})
-
-    def unknown(name: object) -> str:
-        return f"error: unknown service {name!r}; services: {', '.join(services)}"
-
-    def list_alerts() -> str:
-        """List the incident's alerts, earliest first.
-
-        Returns:
-            One line per alert: 'HH:MM service: symptom'.
-        """
-        if not alerts:
-            return "no alerts"
-        return "\n".join(f"{a['time']} {a['service']}: {a['symptom']}" for a in alerts)
-
-    def get_dependencies(service: str) -> str:
-        """List the services that a service calls directly.
-
-        Args:
-            service: The service name, e.g. "checkout".
-
-        Returns:
-            'service calls: a, b' or 'service calls: nothing'.
-        """
-        name = norm_service(service)
-        if name not in deps:
-            return unknown(service)
-        return f"{name} calls: {', '.join(deps[name]) or 'nothing'}"
-
-    def list_deploys(since: str) -> str:
-        """List deploys at or after a time of day, earliest first (at most 8 lines).
-
-        Args:
-            since: A time of day 'HH:MM'; only deploys at or after it are listed.
-
-        Returns:
-            One line per deploy: 'HH:MM service@version'.
-        """
-        start = parse_time(since)
-        if start is None:
-            return f"error: since must be a time of day like '13:30', got {since!r}"
-        hits = [d for d in deploys if parse_time(d["time"]) >= start]
-        if not hits:
-            return f"no deploys at or after {fmt_time(start)}"
-        out = [f"{d['time']} {d['service']}@{d['version']}" for d in hits[:MAX_DEPLOY_LINES]]
-        if len(hits) > MAX_DEPLOY_LINES:
-            out.append(f"... {len(hits) - MAX_DEPLOY_LINES} more (use a later since)")
-        return "\n".join(out)
-
-    def search_logs(service: str, level: str) -> str:
-        """Show one service's log lines at a level, earliest first (at most 8 lines).
-
-        Args:
-            service: The service name, e.g. "payments".
-            level: "error", "warn" or "any".
-
-        Returns:
-            One line per log entry: 'HH:MM LEVEL message', repeats collapsed as
-            'HH:MM LEVEL message (xN, last HH:MM)'.
-        """
-        name = norm_service(service)
-        if name not in logs:
-            return unknown(service)
-        wanted = LEVELS.get(level.strip().lower()) if isinstance(level, str) else None
-        if wanted is None:
-            return f"error: level must be one of error, warn, any; got {level!r}"
-        hits = [e for e in logs[name] if e["level"] in wanted]
-        if not hits:
-            return f"no {level.strip().lower()} lines for {name}"
-        runs: list[list[dict]] = []  # consecutive repeats of one message collapse into one line
-        for e in hits:
-            if runs and (runs[-1][0]["level"], runs[-1][0]["msg"]) == (e["level"], e["msg"]):
-                runs[-1].append(e)
-            else:
-                runs.append([e])
-        out = [f"{r[0]['time']} {r[0]['level']} {r[0]['msg']}"
-               + (f" (x{len(r)}, last {r[-1]['time']})" if len(r) > 1 else "") for r in runs[:MAX_LOG_LINES]]
-        if len(runs) > MAX_LOG_LINES:
-            out.append(f"... {len(runs) - MAX_LOG_LINES} more lines")
-        return "\n".join(out)
-
-    return [list_alerts, get_dependencies, list_deploys, search_logs]
 
 
 # ---------------------------------------------------------------- generator

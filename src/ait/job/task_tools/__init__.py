@@ -8,6 +8,8 @@ and stays short enough to write in one turn. Every module here has the same surf
     Environment             the task's tools (names, parameters, docstrings of task.json's tool
                             interface), acting on a row's info["world"]; env.py may use it as is,
                             subclass it or write its own
+    make_tools(world)       the task's tools as plain functions over one world: the hidden eval's
+                            own (ait.families.<family> returns them): one source for the eval and the job
     task_difficulty()       task.json's difficulty knobs ({} without task.json)
     make_row(rng, d)        one training row {prompt, answer, info: {"world": ...}} drawn from the
                             caller's rng at knobs d: the reference job's own generator, not the
@@ -16,7 +18,9 @@ and stays short enough to write in one turn. Every module here has the same surf
     parse_answer(text)      the last 'Answer:' value of a reply in the task's answer format, or None
     gold(answer)            a row's answer in the form parse_answer returns
 
-The modules are standard-library Python that never import ait (an exported job carries its copy).
+The modules are standard-library Python that never import ait (an exported job carries its copy, and
+the family imports the module itself). Helpers keep a leading underscore: the probe's hints list a
+module's public names, which stay the surface above.
 They are trusted: the harness writes them, refuses the agent's writes to them, and restores the
 trusted copy in every submission's snapshot, so a job always trains against the real interface.
 """

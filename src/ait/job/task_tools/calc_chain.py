@@ -2,6 +2,7 @@
 
     SYSTEM_PROMPT           the task's system prompt
     Environment             the task's tool: calculator(a, op, b)
+    make_tools(world)       the hidden eval's own tool as a plain function: [calculator], exact
     task_difficulty()       task.json's knobs: n_ops, operand_min, operand_max, operators
     make_row(rng, d)        one row {prompt, answer, info: {"n_ops"}}: a chain at knobs d
     distinct_rows(n, draw)  up to n rows with distinct prompts from draw()
@@ -13,6 +14,8 @@ import json
 import math
 import random
 import re
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 
 SYSTEM_PROMPT = (
@@ -28,6 +31,85 @@ PHRASES = {
 }
 
 
+OPS = {"+": "add", "-": "subtract", "*": "multiply", "/": "divide"}
+MAX_MAGNITUDE = 10**100  # above any gold value the difficulty bounds allow; keeps tool output short
+MAX_EXPONENT = 120  # a number's decimal exponent, either way: beyond MAX_MAGNITUDE, and cheap to make exact
+MAX_NUMBER_TEXT = 400  # characters of one number's text
+
+
+def _to_number(x):
+    """Exact value of a tool argument: ints stay ints (no float rounding past 2**53)."""
+    if isinstance(x, bool):
+        raise ValueError("a boolean is not a number")
+    if isinstance(x, int):
+        return x
+    text = str(x).strip().replace(",", "").replace("−", "-")
+    if len(text) > MAX_NUMBER_TEXT:  # a number's digits are parsed in linear time, but not a page of them
+        raise ValueError("too many digits")
+    d = Decimal(text)
+    if not d.is_finite():
+        raise ValueError("not a finite number")
+    if d and not -MAX_EXPONENT <= d.adjusted() <= MAX_EXPONENT:
+        # Fraction("1e999999999") would build a billion-digit integer: the eval would spin until its timeout
+        raise ValueError("out of range")
+    f = Fraction(d)
+    return f.numerator if f.denominator == 1 else f
+
+
+def _format_number(x):
+    """Integers without a decimal point; other values rounded to 6 decimals."""
+    if isinstance(x, int) or x.denominator == 1:
+        return str(int(x))
+    return f"{Decimal(x.numerator) / Decimal(x.denominator):.6f}".rstrip("0").rstrip(".")
+
+
+def _apply_op(a, op, b):
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if op == "/":
+        q = Fraction(a) / Fraction(b)
+        return q.numerator if q.denominator == 1 else q
+    raise ValueError(f"unknown operator {op!r}")
+
+
+# ---------------------------------------------------------------- tools
+
+
+def calculator(a: float, op: str, b: float) -> str:
+    """Apply one arithmetic operation to two numbers and return the result.
+
+    Args:
+        a: The left operand.
+        op: The operator, one of "+", "-", "*", "/".
+        b: The right operand.
+
+    Returns:
+        The result as text, or a line starting with "error:".
+    """
+    try:
+        a, b = _to_number(a), _to_number(b)
+    except (ArithmeticError, ValueError, TypeError):
+        return "error: a and b must be finite numbers"
+    if op not in OPS:
+        return f"error: op must be one of + - * /, got {op!r}"
+    if op == "/" and b == 0:
+        return "error: division by zero"
+    result = _apply_op(a, op, b)
+    if abs(result) > MAX_MAGNITUDE:
+        return "error: result out of range (magnitude above 1e100)"
+    return _format_number(result)
+
+
+def make_tools(world):
+    """The task's tools over one world, as plain functions: the hidden eval's own (ait.families.calc_chain
+    returns these, and the eval's chat template shows their docstrings). The calculator reads no world."""
+    return [calculator]
+
+
 class Environment:
     def reset(self, info: dict) -> None:
         self.calls = 0
@@ -41,6 +123,8 @@ class Environment:
             b: The right operand.
         """
         self.calls = getattr(self, "calls", 0) + 1
+        # Computes in floats, unlike calculator() above (the hidden eval's, exact): the training tool has
+        # always answered this way, and answering as the eval does would change what jobs train on.
         try:
             a, b = float(a), float(b)
         except (TypeError, ValueError):

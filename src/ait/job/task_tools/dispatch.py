@@ -4,6 +4,7 @@
     Environment             the task's tools: get_request(request_id), count_rules(), get_rule(index),
                             check_rule(rule_index, request_id), reading info["world"] = {"attributes",
                             "rules", "default_queue", "requests", "targets"}
+    make_tools(world)       the same tools as plain functions over one world: the hidden eval's own
     task_difficulty()       task.json's knobs: n_rules, conditions_per_rule, n_attributes, near_misses,
                             inline
     make_row(rng, d)        one row {prompt, answer, info: {"world"}} at knobs d; unset knobs: 3-7 rules
@@ -62,13 +63,31 @@ TEMPLATES = ["Route request {rid}: which queue does it go to?",
 
 def _holds(cond, value):
     op, t = cond["op"], cond["value"]
-    return {">=": lambda: value >= t, "<=": lambda: value <= t, ">": lambda: value > t,
-            "<": lambda: value < t, "==": lambda: value == t, "!=": lambda: value != t,
-            "in": lambda: value in t, "not in": lambda: value not in t}[op]()
+    if op == ">=":
+        return value >= t
+    if op == "<=":
+        return value <= t
+    if op == ">":
+        return value > t
+    if op == "<":
+        return value < t
+    if op == "==":
+        return value == t
+    if op == "!=":
+        return value != t
+    if op == "in":
+        return value in t
+    if op == "not in":
+        return value not in t
+    raise ValueError(f"unknown operator {op!r}")
 
 
 def _cond_text(c):
-    return f"{c['attr']} {c['op']} {json.dumps(c['value'])}"
+    return f"{c['attr']} {c['op']} {json.dumps(c['value'])}"  # ints plain, strings quoted, lists as ["a", "b"]
+
+
+def _rule_text(index, rule):
+    return f"rule {index}: if " + " and ".join(_cond_text(c) for c in rule["conditions"]) + f" -> queue {rule['queue']}"
 
 
 def _as_index(x):
@@ -83,29 +102,124 @@ def _as_index(x):
     return None
 
 
-class Environment:
-    def reset(self, info: dict) -> None:
-        world = (info or {}).get("world") or {}
-        self.rules = world.get("rules", [])
-        self.requests = world.get("requests", {})
-        self.default = world.get("default_queue", "general")
-        self.order = world.get("attributes", [])
+def _request_id(x):
+    """'4821', ' "req-4821" ' -> 'REQ-4821'; None for what cannot name a request."""
+    if not isinstance(x, (str, int)) or isinstance(x, bool):
+        return None
+    s = str(x).strip().strip("\"'").upper()
+    if s.isdigit():
+        s = f"REQ-{s}"
+    return s or None
 
-    def _find(self, request_id):
-        if isinstance(request_id, bool) or not isinstance(request_id, (str, int)):
-            rid = None
-        else:
-            rid = str(request_id).strip().strip("\"'").upper()
-            rid = f"REQ-{rid}" if rid.isdigit() else rid
-        if not rid or rid not in self.requests:
+
+def _route(world, rid):
+    """The queue a request is routed to: the first rule whose conditions all hold, else the default."""
+    attrs = world["requests"][rid]
+    for rule in world["rules"]:
+        if all(_holds(c, attrs[c["attr"]]) for c in rule["conditions"]):
+            return rule["queue"]
+    return world["default_queue"]
+
+
+# ---------------------------------------------------------------- tools
+
+
+def make_tools(world):
+    """The task's tools over one world, as plain functions: the hidden eval's own (ait.families.dispatch
+    returns these, and the eval's chat template shows their docstrings)."""
+    rules, requests = world.get("rules", []), world.get("requests", {})
+    default, order = world.get("default_queue", "general"), world.get("attributes", [])
+    n = len(rules)
+
+    def find(request_id):
+        rid = _request_id(request_id)
+        if rid is None or rid not in requests:
             return None, f"error: no request {str(request_id)[:40]!r}; request ids look like REQ-1234"
         return rid, None
 
-    def _index(self, index):
+    def bad_index(index):
         i = _as_index(index)
-        if i is None or not 1 <= i <= len(self.rules):
-            return None, f"error: rule index must be an integer from 1 to {len(self.rules)}"
-        return i, None
+        if i is None or not 1 <= i <= n:
+            return f"error: rule index must be an integer from 1 to {n}"
+        return None
+
+    def get_request(request_id: str) -> str:
+        """Look up a request's attributes.
+
+        Args:
+            request_id: The request id, e.g. "REQ-4821".
+
+        Returns:
+            The attributes as "name=value" pairs, or a line starting with "error:".
+        """
+        rid, err = find(request_id)
+        if err:
+            return err
+        attrs = requests[rid]
+        return f"{rid}: " + ", ".join(f"{a}={attrs[a]}" for a in order)
+
+    def count_rules() -> str:
+        """Say how many routing rules there are and name the default queue.
+
+        Returns:
+            The number of rules and the default queue.
+        """
+        return (f"{n} rules (1-{n}), checked in order; the first rule whose conditions all hold "
+                f"decides the queue; if none holds, the default queue is {default}")
+
+    def get_rule(index: int) -> str:
+        """Read one routing rule: its conditions (all must hold) and its queue.
+
+        Args:
+            index: The rule's position in the table, starting at 1.
+
+        Returns:
+            The rule as text, or a line starting with "error:".
+        """
+        err = bad_index(index)
+        if err:
+            return err
+        i = _as_index(index)
+        return _rule_text(i, rules[i - 1])
+
+    def check_rule(rule_index: int, request_id: str) -> str:
+        """Check whether every condition of one rule holds for one request.
+
+        Args:
+            rule_index: The rule's position in the table, starting at 1.
+            request_id: The request id, e.g. "REQ-4821".
+
+        Returns:
+            Whether the rule matches (and its queue), or which conditions failed.
+        """
+        err = bad_index(rule_index)
+        if err:
+            return err
+        rid, err = find(request_id)
+        if err:
+            return err
+        i = _as_index(rule_index)
+        rule, attrs = rules[i - 1], requests[rid]
+        failed = [c for c in rule["conditions"] if not _holds(c, attrs[c["attr"]])]
+        if not failed:
+            return f"rule {i} matches {rid} -> queue {rule['queue']}"
+        why = "; ".join(f"{_cond_text(c)} (request has {c['attr']}={attrs[c['attr']]})" for c in failed)
+        return f"rule {i} does not match {rid}: failed {why}"
+
+    return [get_request, count_rules, get_rule, check_rule]
+
+
+class Environment:
+    """make_tools' tools as methods over a row's info["world"]: what env.py's trainer calls, and the
+    docstrings its prompts show."""
+
+    def reset(self, info: dict) -> None:
+        world = (info or {}).get("world") or {}
+        self.rules = world.get("rules", [])  # the world's parts, for code that reads them
+        self.requests = world.get("requests", {})
+        self.default = world.get("default_queue", "general")
+        self.order = world.get("attributes", [])
+        self._tools = {fn.__name__: fn for fn in make_tools(world)}
 
     def get_request(self, request_id: str) -> str:
         """Look up a request's attributes.
@@ -113,17 +227,11 @@ class Environment:
         Args:
             request_id: The request id, e.g. "REQ-4821".
         """
-        rid, err = self._find(request_id)
-        if err:
-            return err
-        attrs = self.requests[rid]
-        return f"{rid}: " + ", ".join(f"{a}={attrs[a]}" for a in self.order)
+        return self._tools["get_request"](request_id)
 
     def count_rules(self) -> str:
         """Say how many routing rules there are and name the default queue."""
-        n = len(self.rules)
-        return (f"{n} rules (1-{n}), checked in order; the first rule whose conditions all hold "
-                f"decides the queue; if none holds, the default queue is {self.default}")
+        return self._tools["count_rules"]()
 
     def get_rule(self, index: int) -> str:
         """Read one routing rule: its conditions (all must hold) and its queue.
@@ -131,11 +239,7 @@ class Environment:
         Args:
             index: The rule's position in the table, starting at 1.
         """
-        i, err = self._index(index)
-        if err:
-            return err
-        rule = self.rules[i - 1]
-        return f"rule {i}: if " + " and ".join(_cond_text(c) for c in rule["conditions"]) + f" -> queue {rule['queue']}"
+        return self._tools["get_rule"](index)
 
     def check_rule(self, rule_index: int, request_id: str) -> str:
         """Check whether every condition of one rule holds for one request.
@@ -144,18 +248,7 @@ class Environment:
             rule_index: The rule's position in the table, starting at 1.
             request_id: The request id, e.g. "REQ-4821".
         """
-        i, err = self._index(rule_index)
-        if err:
-            return err
-        rid, err = self._find(request_id)
-        if err:
-            return err
-        rule, attrs = self.rules[i - 1], self.requests[rid]
-        failed = [c for c in rule["conditions"] if not _holds(c, attrs[c["attr"]])]
-        if not failed:
-            return f"rule {i} matches {rid} -> queue {rule['queue']}"
-        why = "; ".join(f"{_cond_text(c)} (request has {c['attr']}={attrs[c['attr']]})" for c in failed)
-        return f"rule {i} does not match {rid}: failed {why}"
+        return self._tools["check_rule"](rule_index, request_id)
 
 
 # ---------------------------------------------------------------- dataset
@@ -176,14 +269,6 @@ def _condition(rng, attr):
     if op in ("==", "!="):
         return {"attr": attr, "op": op, "value": rng.choice(dom)}
     return {"attr": attr, "op": op, "value": sorted(rng.sample(dom, 2), key=dom.index)}
-
-
-def _route(world, rid):
-    attrs = world["requests"][rid]
-    for rule in world["rules"]:
-        if all(_holds(c, attrs[c["attr"]]) for c in rule["conditions"]):
-            return rule["queue"]
-    return world["default_queue"]
 
 
 def task_difficulty() -> dict:
@@ -228,9 +313,7 @@ def _inline_text(world):
         attrs = world["requests"][rid]
         lines.append(f"Request {rid}: " + ", ".join(f"{a}={attrs[a]}" for a in world["attributes"]))
     lines.append("Rules, checked in order (the first rule whose conditions all hold decides):")
-    for i, rule in enumerate(world["rules"], start=1):
-        conds = " and ".join(_cond_text(c) for c in rule["conditions"])
-        lines.append(f"rule {i}: if {conds} -> queue {rule['queue']}")
+    lines += [_rule_text(i, rule) for i, rule in enumerate(world["rules"], start=1)]
     lines.append(f"If no rule matches: default queue {world['default_queue']}")
     lines.append(INLINE_TAIL)
     return "\n".join(lines)

@@ -4,6 +4,7 @@
     Environment             the task's tools: list_transactions(), apply_transaction(index),
                             opening_balance(account), final_balance(account), reading info["world"] = {"ledger", "accounts",
                             "transactions", "question"}
+    make_tools(world)       the same tools as plain functions over one world: the hidden eval's own
     task_difficulty()       task.json's knobs: n_accounts, min_transactions, max_transactions,
                             fee_frequency, overdraft_probability, questions, inline
     make_row(rng, d)        one row {prompt, answer, info: {"world"}} at knobs d (None if none came up);
@@ -96,13 +97,102 @@ def _account(account, accounts):
     return name, f"error: unknown account {str(account)[:40]!r}; accounts: {', '.join(sorted(accounts))}"
 
 
+def _format_balances(balances):
+    return ", ".join(f"{name}={balances[name]}" for name in sorted(balances))
+
+
+# ---------------------------------------------------------------- tools
+
+
+def make_tools(world):
+    """The task's tools over one world, as plain functions: the hidden eval's own (ait.families.ledger
+    returns these, and the eval's chat template shows their docstrings). They are pure functions of
+    (world, arguments): "through #i" replays the ledger from the opening balances every call."""
+    txs = world.get("transactions") or []
+    accounts = world.get("accounts") or {}
+    n = len(txs)
+
+    def list_transactions() -> str:
+        """List the ledger's transactions in processing order, numbered from 1.
+
+        Returns:
+            One line per transaction, e.g. '#2 withdraw 300 from checking'.
+        """
+        lines = [f"Ledger {world.get('ledger', '?')}: {n} transactions, processed in order #1..#{n}."]
+        lines += [f"#{i} {_describe(tx)}" for i, tx in enumerate(txs, 1)]
+        return "\n".join(lines)
+
+    def apply_transaction(index: int) -> str:
+        """Process the ledger in order through transaction #index and report its outcome.
+
+        Every earlier transaction is processed first, from the opening balances; a withdrawal
+        or transfer that would make a balance negative is rejected and skipped, and a fee
+        takes the given percent of the current balance, rounded down.
+
+        Args:
+            index: The transaction number, from 1 to the number of transactions.
+
+        Returns:
+            The transaction's outcome and every balance right after it.
+        """
+        i = _index(index)
+        if i is None or not 1 <= i <= n:
+            return f"error: index must be an integer from 1 to {n}, got {str(index)[:40]!r}"
+        balances, outcomes = _run(world, i)
+        tx = txs[i - 1]
+        applied, charged = outcomes[-1]
+        if not applied:
+            outcome = f"rejected ({tx['account']} has only {balances[tx['account']]})"
+        elif tx["kind"] == "fee":
+            outcome = f"applied, charged {charged}"
+        else:
+            outcome = "applied"
+        return f"#{i} {_describe(tx)}: {outcome}. Balances after #{i}: {_format_balances(balances)}"
+
+    def opening_balance(account: str) -> str:
+        """Look up an account's opening balance, before transaction #1 is processed.
+
+        Args:
+            account: The account name, e.g. 'savings'.
+
+        Returns:
+            The opening balance as text.
+        """
+        name, error = _account(account, accounts)
+        if error:
+            return error
+        return f"Opening balance of {name}: {accounts[name]} (before transaction #1)"
+
+    def final_balance(account: str) -> str:
+        """Process the whole ledger, every transaction in order, and report an account's final balance.
+
+        Args:
+            account: The account name, e.g. 'savings'.
+
+        Returns:
+            The account's balance after the last transaction, as text.
+        """
+        name, error = _account(account, accounts)
+        if error:
+            return error
+        balances, _ = _run({"accounts": accounts, "transactions": txs}, n)
+        return f"Final balance of {name}: {balances[name]} (after all {n} transactions)"
+
+    return [list_transactions, apply_transaction, opening_balance, final_balance]
+
+
 class Environment:
+    """make_tools' tools as methods over a row's info["world"]: what env.py's trainer calls, and the
+    docstrings its prompts show."""
+
     def __init__(self):
         self.world = {}
+        self._tools = {fn.__name__: fn for fn in make_tools({})}
 
     def reset(self, info: dict) -> None:
         world = (info or {}).get("world") if isinstance(info, dict) else None
         self.world = world if isinstance(world, dict) else {}
+        self._tools = {fn.__name__: fn for fn in make_tools(self.world)}
 
     def list_transactions(self) -> str:
         """List the ledger's transactions in processing order, numbered from 1.
@@ -110,11 +200,7 @@ class Environment:
         Returns:
             One line per transaction, e.g. '#2 withdraw 300 from checking'.
         """
-        txs = self.world.get("transactions") or []
-        n = len(txs)
-        lines = [f"Ledger {self.world.get('ledger', '?')}: {n} transactions, processed in order #1..#{n}."]
-        lines += [f"#{i} {_describe(tx)}" for i, tx in enumerate(txs, 1)]
-        return "\n".join(lines)
+        return self._tools["list_transactions"]()
 
     def apply_transaction(self, index: int) -> str:
         """Process the ledger in order through transaction #index and report its outcome.
@@ -129,22 +215,7 @@ class Environment:
         Returns:
             The transaction's outcome and every balance right after it.
         """
-        txs = self.world.get("transactions") or []
-        n = len(txs)
-        i = _index(index)
-        if i is None or not 1 <= i <= n:
-            return f"error: index must be an integer from 1 to {n}, got {str(index)[:40]!r}"
-        balances, outcomes = _run(self.world, i)
-        tx = txs[i - 1]
-        applied, charged = outcomes[-1]
-        if not applied:
-            outcome = f"rejected ({tx['account']} has only {balances[tx['account']]})"
-        elif tx["kind"] == "fee":
-            outcome = f"applied, charged {charged}"
-        else:
-            outcome = "applied"
-        shown = ", ".join(f"{k}={balances[k]}" for k in sorted(balances))
-        return f"#{i} {_describe(tx)}: {outcome}. Balances after #{i}: {shown}"
+        return self._tools["apply_transaction"](index)
 
     def opening_balance(self, account: str) -> str:
         """Look up an account's opening balance, before transaction #1 is processed.
@@ -155,11 +226,7 @@ class Environment:
         Returns:
             The opening balance as text.
         """
-        accounts = self.world.get("accounts") or {}
-        name, error = _account(account, accounts)
-        if error:
-            return error
-        return f"Opening balance of {name}: {accounts[name]} (before transaction #1)"
+        return self._tools["opening_balance"](account)
 
     def final_balance(self, account: str) -> str:
         """Process the whole ledger, every transaction in order, and report an account's final balance.
@@ -170,13 +237,7 @@ class Environment:
         Returns:
             The account's balance after the last transaction, as text.
         """
-        accounts = self.world.get("accounts") or {}
-        name, error = _account(account, accounts)
-        if error:
-            return error
-        n = len(self.world.get("transactions") or [])
-        balances, _ = _run(self.world, n)
-        return f"Final balance of {name}: {balances[name]} (after all {n} transactions)"
+        return self._tools["final_balance"](account)
 
 
 # ---------------------------------------------------------------- dataset

@@ -4,6 +4,7 @@
     Environment             the task's tools: lookup(name, field), search(name_prefix), reading
                             info["world"] = {"people": {name: {field: value}}, "fields": [...],
                             "query": {"start", "relations", "attribute"}}
+    make_tools(world)       the same tools as plain functions over one world: the hidden eval's own
     task_difficulty()       task.json's knobs: hops, n_people, n_relations, n_attributes, n_similar, inline
     make_row(rng, d)        one row {prompt, answer, info: {"world"}} at knobs d (None if none came up);
                             unset knobs: 1-3 hops over 16-30 people
@@ -87,12 +88,80 @@ def normalize(text):
     return " ".join(text.split())
 
 
+# ---------------------------------------------------------------- tools
+
+
+def make_tools(world):
+    """The task's tools over one world, as plain functions: the hidden eval's own (ait.families.multi_hop
+    returns these, and the eval's chat template shows their docstrings)."""
+    people = world.get("people", {})
+    fields = list(world.get("fields", []))
+    by_key = {_key(name): name for name in people}
+
+    def lookup(name: str, field: str) -> str:
+        """Look up one field of one person in the directory.
+
+        Args:
+            name: The person's full name, e.g. "Alice Varga".
+            field: The field to read, e.g. "manager" or "city".
+
+        Returns:
+            The field's value (for relation fields, another person's full name), or a line starting with "error:".
+        """
+        if not isinstance(name, str) or not name.strip():
+            return "error: name must be a non-empty string (a person's full name)"
+        if not isinstance(field, str) or not field.strip():
+            return f"error: field must be a non-empty string; valid fields: {', '.join(fields)}"
+        person = by_key.get(_key(name))
+        if person is None:
+            close = difflib.get_close_matches(_key(name), list(by_key), n=3, cutoff=0.6)
+            hint = f"; similar names: {', '.join(by_key[c] for c in close)}" if close else ""
+            return f"error: no person named {name.strip()[:60]!r}{hint}"
+        key = _field_key(field)
+        if key not in fields:
+            return f"error: unknown field {field.strip()[:40]!r}; valid fields: {', '.join(fields)}"
+        return people[person][key]
+
+    def search(name_prefix: str) -> str:
+        """Find people whose first name or surname starts with a prefix.
+
+        Args:
+            name_prefix: The start of a first name, surname or full name, e.g. "Ali" or "Varga".
+
+        Returns:
+            Matching full names separated by "; ", or a line starting with "error:".
+        """
+        if not isinstance(name_prefix, str) or not name_prefix.strip():
+            return "error: name_prefix must be a non-empty string"
+        prefix = _key(name_prefix)
+        if not prefix:
+            return "error: name_prefix must contain letters"
+        hits = [name for key, name in by_key.items()
+                if key.startswith(prefix) or any(w.startswith(prefix) for w in key.split())]
+        if not hits:
+            return f"error: no person matches {name_prefix.strip()[:60]!r}"
+        hits.sort()
+        more = f" (+{len(hits) - MAX_SEARCH_RESULTS} more)" if len(hits) > MAX_SEARCH_RESULTS else ""
+        return "; ".join(hits[:MAX_SEARCH_RESULTS]) + more
+
+    return [lookup, search]
+
+
 class Environment:
+    """make_tools' tools as methods over a row's info["world"]: what env.py's trainer calls, and the
+    docstrings its prompts show."""
+
     def reset(self, info: dict) -> None:
         world = (info or {}).get("world") or {}
-        self.people = world.get("people", {})
+        self.people = world.get("people", {})  # the world's parts, for code that reads them
         self.fields = list(world.get("fields", []))
         self.by_key = {_key(name): name for name in self.people}
+        self._tools = {fn.__name__: fn for fn in make_tools(world)}
+
+    def _tool(self, name):
+        if not hasattr(self, "_tools"):  # a tool called before reset acts on an empty world
+            self.reset({})
+        return self._tools[name]
 
     def lookup(self, name: str, field: str) -> str:
         """Look up one field of one person in the directory.
@@ -101,21 +170,7 @@ class Environment:
             name: The person's full name, e.g. "Alice Varga".
             field: The field to read, e.g. "manager" or "city".
         """
-        if not hasattr(self, "people"):
-            self.reset({})
-        if not isinstance(name, str) or not name.strip():
-            return "error: name must be a non-empty string (a person's full name)"
-        if not isinstance(field, str) or not field.strip():
-            return f"error: field must be a non-empty string; valid fields: {', '.join(self.fields)}"
-        person = self.by_key.get(_key(name))
-        if person is None:
-            close = difflib.get_close_matches(_key(name), list(self.by_key), n=3, cutoff=0.6)
-            hint = f"; similar names: {', '.join(self.by_key[c] for c in close)}" if close else ""
-            return f"error: no person named {name.strip()[:60]!r}{hint}"
-        key = _field_key(field)
-        if key not in self.fields:
-            return f"error: unknown field {field.strip()[:40]!r}; valid fields: {', '.join(self.fields)}"
-        return self.people[person][key]
+        return self._tool("lookup")(name, field)
 
     def search(self, name_prefix: str) -> str:
         """Find people whose first name or surname starts with a prefix.
@@ -123,20 +178,7 @@ class Environment:
         Args:
             name_prefix: The start of a first name, surname or full name, e.g. "Ali" or "Varga".
         """
-        if not hasattr(self, "people"):
-            self.reset({})
-        if not isinstance(name_prefix, str) or not name_prefix.strip():
-            return "error: name_prefix must be a non-empty string"
-        prefix = _key(name_prefix)
-        if not prefix:
-            return "error: name_prefix must contain letters"
-        hits = [name for key, name in self.by_key.items()
-                if key.startswith(prefix) or any(w.startswith(prefix) for w in key.split())]
-        if not hits:
-            return f"error: no person matches {name_prefix.strip()[:60]!r}"
-        hits.sort()
-        more = f" (+{len(hits) - MAX_SEARCH_RESULTS} more)" if len(hits) > MAX_SEARCH_RESULTS else ""
-        return "; ".join(hits[:MAX_SEARCH_RESULTS]) + more
+        return self._tool("search")(name_prefix)
 
 
 # ---------------------------------------------------------------- dataset

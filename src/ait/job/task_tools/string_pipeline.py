@@ -3,6 +3,7 @@
     SYSTEM_PROMPT           the task's system prompt (the inline one when task.json sets inline: true)
     Environment             the task's tools: get_record(record_id), transform(text, op, arg), reading
                             info["world"] = {"records": {id: text}, "record_id"}
+    make_tools(world)       the same tools as plain functions over one world: the hidden eval's own
     task_difficulty()       task.json's knobs: n_transforms, min_length, max_length, ops, max_shift,
                             n_records, inline
     make_row(rng, d)        one row {prompt, answer, info: {"world"}} at knobs d; unset knobs: 2-4
@@ -130,10 +131,73 @@ def _apply(text, op, arg):
     return f"error: unknown op {op!r}; ops: {', '.join(OPS)}"
 
 
+def _transform(text, op, arg):
+    """Check a transform call's arguments, then apply it (an 'error:' text, never an exception)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        text = str(text)
+    if not isinstance(text, str):
+        return f"error: text must be a string, got {type(text).__name__}"
+    if len(text) > MAX_TEXT:
+        return f"error: text longer than {MAX_TEXT} characters"
+    if not isinstance(op, str):
+        return f"error: op must be a string, one of: {', '.join(OPS)}"
+    op = op.strip().lower().replace("-", "_").replace(" ", "_")
+    return _apply(text, op, "" if arg is None else arg)
+
+
+# ---------------------------------------------------------------- tools
+
+
+def make_tools(world):
+    """The task's tools over one world, as plain functions: the hidden eval's own
+    (ait.families.string_pipeline returns these, and the eval's chat template shows their docstrings)."""
+    records = dict(world.get("records") or {})
+
+    def get_record(record_id: str) -> str:
+        """Fetch the stored text of a record by its id.
+
+        Args:
+            record_id: The record id from the question, e.g. "R7".
+
+        Returns:
+            The record's text, or a line starting with "error:".
+        """
+        if not isinstance(record_id, str) or not record_id.strip():
+            return "error: record_id must be a non-empty string such as 'R7'"
+        key = record_id.strip().upper()
+        if key not in records:
+            return f"error: unknown record {record_id!r}; known: {', '.join(sorted(records))}"
+        return records[key]
+
+    def transform(text: str, op: str, arg: str) -> str:
+        """Apply one string transform and return the new text.
+
+        Args:
+            text: The text to transform (the record or the previous result).
+            op: One of reverse, upper, lower, rotate_left, rotate_right, replace, drop_vowels, every_other, caesar, sort_chars, dedupe.
+            arg: The op's argument: N for rotate_left, rotate_right and caesar (e.g. "3"); "A->B" for replace; "" for the others.
+
+        Returns:
+            The transformed text, or a line starting with "error:".
+        """
+        return _transform(text, op, arg)
+
+    return [get_record, transform]
+
+
 class Environment:
+    """make_tools' tools as methods over a row's info["world"]: what env.py's trainer calls, and the
+    docstrings its prompts show."""
+
     def reset(self, info: dict) -> None:
         world = (info or {}).get("world") or {}
-        self.records = dict(world.get("records") or {})
+        self.records = dict(world.get("records") or {})  # for code that reads them
+        self._tools = {fn.__name__: fn for fn in make_tools(world)}
+
+    def _tool(self, name):
+        if not hasattr(self, "_tools"):  # a tool called before reset acts on an empty world
+            self._tools = {fn.__name__: fn for fn in make_tools({})}
+        return self._tools[name]
 
     def get_record(self, record_id: str) -> str:
         """Fetch the stored text of a record by its id.
@@ -141,13 +205,7 @@ class Environment:
         Args:
             record_id: The record id from the question, e.g. "R7".
         """
-        records = getattr(self, "records", {})
-        if not isinstance(record_id, str) or not record_id.strip():
-            return "error: record_id must be a non-empty string such as 'R7'"
-        key = record_id.strip().upper()
-        if key not in records:
-            return f"error: unknown record {record_id!r}; known: {', '.join(sorted(records))}"
-        return records[key]
+        return self._tool("get_record")(record_id)
 
     def transform(self, text: str, op: str, arg: str) -> str:
         """Apply one string transform and return the new text.
@@ -157,16 +215,7 @@ class Environment:
             op: One of reverse, upper, lower, rotate_left, rotate_right, replace, drop_vowels, every_other, caesar, sort_chars, dedupe.
             arg: The op's argument: N for rotate_left, rotate_right and caesar (e.g. "3"); "A->B" for replace; "" for the others.
         """
-        if isinstance(text, int) and not isinstance(text, bool):
-            text = str(text)
-        if not isinstance(text, str):
-            return f"error: text must be a string, got {type(text).__name__}"
-        if len(text) > MAX_TEXT:
-            return f"error: text longer than {MAX_TEXT} characters"
-        if not isinstance(op, str):
-            return f"error: op must be a string, one of: {', '.join(OPS)}"
-        op = op.strip().lower().replace("-", "_").replace(" ", "_")
-        return _apply(text, op, "" if arg is None else arg)
+        return self._tool("transform")(text, op, arg)
 
 
 def task_difficulty() -> dict:

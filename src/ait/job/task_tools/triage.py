@@ -4,6 +4,7 @@
     Environment             the task's tools: list_alerts(), get_dependencies(service),
                             list_deploys(since), search_logs(service, level), reading info["world"] =
                             {"incident", "services", "deps", "deploys", "alerts", "logs"}
+    make_tools(world)       the same tools as plain functions over one world: the hidden eval's own
     task_difficulty()       task.json's knobs: n_services, depth, n_distractor_deploys,
                             n_background_deploys, log_noise, inline
     make_row(rng, d)        one row {prompt, answer, info: {"world"}} at knobs d; unset knobs: 4-7
@@ -37,6 +38,8 @@ INLINE_SYSTEM_PROMPT = (
 LEVELS = {"error": ("ERROR",), "errors": ("ERROR",), "warn": ("WARN",), "warning": ("WARN",), "warnings": ("WARN",),
           "info": ("INFO",), "any": ("ERROR", "WARN", "INFO"), "all": ("ERROR", "WARN", "INFO")}
 TIME_RE = re.compile(r"^\s*(\d{1,2}):(\d{2})(?::\d{2})?\s*$")
+MAX_DEPLOY_LINES = 8
+MAX_LOG_LINES = 8
 
 
 def _minutes(text):
@@ -56,17 +59,117 @@ def _service(name):
     return name.strip().lower() if isinstance(name, str) and name.strip() else None
 
 
+# ---------------------------------------------------------------- tools
+
+
+def make_tools(world):
+    """The task's tools over one world, as plain functions: the hidden eval's own (ait.families.triage
+    returns these, and the eval's chat template shows their docstrings)."""
+    services = list(world.get("services", []))
+    deps = world.get("deps", {})
+    deploys = world.get("deploys", [])
+    alerts = world.get("alerts", [])
+    logs = world.get("logs", {})
+
+    def unknown(name):
+        return f"error: unknown service {name!r}; services: {', '.join(services)}"
+
+    def list_alerts() -> str:
+        """List the incident's alerts, earliest first.
+
+        Returns:
+            One line per alert: 'HH:MM service: symptom'.
+        """
+        if not alerts:
+            return "no alerts"
+        return "\n".join(f"{a['time']} {a['service']}: {a['symptom']}" for a in alerts)
+
+    def get_dependencies(service: str) -> str:
+        """List the services that a service calls directly.
+
+        Args:
+            service: The service name, e.g. "checkout".
+
+        Returns:
+            'service calls: a, b' or 'service calls: nothing'.
+        """
+        name = _service(service)
+        if name not in deps:
+            return unknown(service)
+        return f"{name} calls: {', '.join(deps[name]) or 'nothing'}"
+
+    def list_deploys(since: str) -> str:
+        """List deploys at or after a time of day, earliest first (at most 8 lines).
+
+        Args:
+            since: A time of day 'HH:MM'; only deploys at or after it are listed.
+
+        Returns:
+            One line per deploy: 'HH:MM service@version'.
+        """
+        start = _minutes(since)
+        if start is None:
+            return f"error: since must be a time of day like '13:30', got {since!r}"
+        hits = [d for d in deploys if _minutes(d["time"]) >= start]
+        if not hits:
+            return f"no deploys at or after {_hhmm(start)}"
+        out = [f"{d['time']} {d['service']}@{d['version']}" for d in hits[:MAX_DEPLOY_LINES]]
+        if len(hits) > MAX_DEPLOY_LINES:
+            out.append(f"... {len(hits) - MAX_DEPLOY_LINES} more (use a later since)")
+        return "\n".join(out)
+
+    def search_logs(service: str, level: str) -> str:
+        """Show one service's log lines at a level, earliest first (at most 8 lines).
+
+        Args:
+            service: The service name, e.g. "payments".
+            level: "error", "warn" or "any".
+
+        Returns:
+            One line per log entry: 'HH:MM LEVEL message', repeats collapsed as
+            'HH:MM LEVEL message (xN, last HH:MM)'.
+        """
+        name = _service(service)
+        if name not in logs:
+            return unknown(service)
+        wanted = LEVELS.get(level.strip().lower()) if isinstance(level, str) else None
+        if wanted is None:
+            return f"error: level must be one of error, warn, any; got {level!r}"
+        hits = [e for e in logs[name] if e["level"] in wanted]
+        if not hits:
+            return f"no {level.strip().lower()} lines for {name}"
+        runs = []  # consecutive repeats of one message collapse into one line
+        for e in hits:
+            if runs and (runs[-1][0]["level"], runs[-1][0]["msg"]) == (e["level"], e["msg"]):
+                runs[-1].append(e)
+            else:
+                runs.append([e])
+        out = [f"{r[0]['time']} {r[0]['level']} {r[0]['msg']}"
+               + (f" (x{len(r)}, last {r[-1]['time']})" if len(r) > 1 else "") for r in runs[:MAX_LOG_LINES]]
+        if len(runs) > MAX_LOG_LINES:
+            out.append(f"... {len(runs) - MAX_LOG_LINES} more lines")
+        return "\n".join(out)
+
+    return [list_alerts, get_dependencies, list_deploys, search_logs]
+
+
 class Environment:
+    """make_tools' tools as methods over a row's info["world"]: what env.py's trainer calls, and the
+    docstrings its prompts show."""
+
     def reset(self, info: dict) -> None:
         world = (info or {}).get("world") or {}
-        self.services = list(world.get("services", []))
+        self.services = list(world.get("services", []))  # the world's parts, for code that reads them
         self.deps = world.get("deps", {})
         self.deploys = world.get("deploys", [])
         self.alerts = world.get("alerts", [])
         self.logs = world.get("logs", {})
+        self._tools = {fn.__name__: fn for fn in make_tools(world)}
 
-    def _unknown(self, name):
-        return f"error: unknown service {name!r}; services: {', '.join(getattr(self, 'services', []))}"
+    def _tool(self, name):
+        if not hasattr(self, "_tools"):  # a tool called before reset acts on an empty world
+            self._tools = {fn.__name__: fn for fn in make_tools({})}
+        return self._tools[name]
 
     def list_alerts(self) -> str:
         """List the incident's alerts, earliest first.
@@ -74,10 +177,7 @@ class Environment:
         Returns:
             One line per alert: 'HH:MM service: symptom'.
         """
-        alerts = getattr(self, "alerts", [])
-        if not alerts:
-            return "no alerts"
-        return "\n".join(f"{a['time']} {a['service']}: {a['symptom']}" for a in alerts)
+        return self._tool("list_alerts")()
 
     def get_dependencies(self, service: str) -> str:
         """List the services that a service calls directly.
@@ -85,11 +185,7 @@ class Environment:
         Args:
             service: The service name, e.g. "checkout".
         """
-        deps = getattr(self, "deps", {})
-        name = _service(service)
-        if name not in deps:
-            return self._unknown(service)
-        return f"{name} calls: {', '.join(deps[name]) or 'nothing'}"
+        return self._tool("get_dependencies")(service)
 
     def list_deploys(self, since: str) -> str:
         """List deploys at or after a time of day, earliest first (at most 8 lines).
@@ -97,16 +193,7 @@ class Environment:
         Args:
             since: A time of day 'HH:MM'; only deploys at or after it are listed.
         """
-        start = _minutes(since)
-        if start is None:
-            return f"error: since must be a time of day like '13:30', got {since!r}"
-        hits = [d for d in getattr(self, "deploys", []) if _minutes(d["time"]) >= start]
-        if not hits:
-            return f"no deploys at or after {_hhmm(start)}"
-        out = [f"{d['time']} {d['service']}@{d['version']}" for d in hits[:8]]
-        if len(hits) > 8:
-            out.append(f"... {len(hits) - 8} more (use a later since)")
-        return "\n".join(out)
+        return self._tool("list_deploys")(since)
 
     def search_logs(self, service: str, level: str) -> str:
         """Show one service's log lines at a level, earliest first (at most 8 lines).
@@ -115,27 +202,7 @@ class Environment:
             service: The service name, e.g. "payments".
             level: "error", "warn" or "any".
         """
-        logs = getattr(self, "logs", {})
-        name = _service(service)
-        if name not in logs:
-            return self._unknown(service)
-        wanted = LEVELS.get(level.strip().lower()) if isinstance(level, str) else None
-        if wanted is None:
-            return f"error: level must be one of error, warn, any; got {level!r}"
-        hits = [e for e in logs[name] if e["level"] in wanted]
-        if not hits:
-            return f"no {level.strip().lower()} lines for {name}"
-        runs = []
-        for e in hits:
-            if runs and (runs[-1][0]["level"], runs[-1][0]["msg"]) == (e["level"], e["msg"]):
-                runs[-1].append(e)
-            else:
-                runs.append([e])
-        out = [f"{r[0]['time']} {r[0]['level']} {r[0]['msg']}"
-               + (f" (x{len(r)}, last {r[-1]['time']})" if len(r) > 1 else "") for r in runs[:8]]
-        if len(runs) > 8:
-            out.append(f"... {len(runs) - 8} more lines")
-        return "\n".join(out)
+        return self._tool("search_logs")(service, level)
 
 
 # ---------------------------------------------------------------- training data
