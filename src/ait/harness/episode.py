@@ -18,7 +18,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Callable
 
-from ait.compute.executors import cancel_job, make_executor
+from ait.compute.executors import Executor, cancel_job, make_executor
 from ait.evals.baselines import BaselineStore
 from ait.evals.best_pre import BestPre, best_pre
 from ait.harness import jobs as jobs_
@@ -73,9 +73,10 @@ class Episode:
     """State of one episode; `run_loop` is the loop."""
 
     def __init__(self, spec: TaskSpec, task_path: Path, policy: Policy, config: EpisodeConfig,
-                 run: RunDir, baselines: BaselineStore, meter: Meter,
+                 run: RunDir, baselines: BaselineStore, meter: Meter, executor: Executor,
                  on_event: Callable[[str], None] | None = None):
         self.spec, self.task_path, self.policy, self.config, self.run = spec, task_path, policy, config, run
+        self.executor = executor  # its owner's (shared with the episodes beside this one): never closed here
         self.on_event = on_event or (lambda _msg: None)
         self.baselines, self.meter = baselines, meter
         self.submissions: list[Submission] = []
@@ -260,13 +261,12 @@ class Episode:
         recorded as failed (timeout), and the episode ends as timed out. Interrupted (Ctrl-C), the
         job is stopped (its processes killed, its queue entry cancelled) and recorded as killed, with
         the seconds it ran in the ledger, before the interrupt goes on."""
-        executor = make_executor(self.config)
-        if hasattr(executor, "on_event"):  # the queue says what it waits on (a worker, a free slot)
-            executor.on_event = self.on_event
+        executor = self.executor
         start = time.monotonic()
         try:
             left = self.seconds_left()
-            result = executor.run(job) if left is None else run_until(executor, job, left)
+            result = (executor.run(job, on_event=self.on_event) if left is None
+                      else run_until(executor, job, left, self.on_event))
         except KeyboardInterrupt:
             cancel_job(executor, job)
             spent = time.monotonic() - start
@@ -325,7 +325,8 @@ class Episode:
         return best_pre(self.spec, job.eval_n, self.baselines, own=job)
 
 
-def run_until(executor, job: Job, seconds: float) -> JobResult | None:
+def run_until(executor: Executor, job: Job, seconds: float,
+              on_event: Callable[[str], None] | None = None) -> JobResult | None:
     """executor.run(job) if it returns within `seconds`, else None. A job still running then is
     killed: its processes (children of this process working in the job's directory, as the inline
     and local executors start them) are killed until the executor returns, so a job that was
@@ -337,7 +338,7 @@ def run_until(executor, job: Job, seconds: float) -> JobResult | None:
 
     def target() -> None:
         try:
-            box["result"] = executor.run(job)
+            box["result"] = executor.run(job, on_event=on_event)
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             box["error"] = e
         finally:
@@ -399,9 +400,18 @@ def job_toml_parses(workspace: Path) -> bool:
 
 def run_episode(spec: TaskSpec, task_path: str | Path, policy: Policy, config: EpisodeConfig | None = None,
                 runs_dir: str | Path | None = None, baselines: BaselineStore | None = None,
-                run_id: str | None = None, on_event: Callable[[str], None] | None = None) -> EpisodeResult:
+                run_id: str | None = None, on_event: Callable[[str], None] | None = None,
+                executor: Executor | None = None) -> EpisodeResult:
+    """One episode. `executor` runs its jobs: its owner's, shared with the episodes beside this one
+    (ait.compute.executors); without one, the episode builds its own from `config` and closes it."""
     config = config or EpisodeConfig()
     sandbox = require_isolation()  # before anything is written: no episode without a sandbox (or the override)
+    if executor is None:  # nobody shares one with this episode: it owns one
+        owned = make_executor(config)
+        try:
+            return run_episode(spec, task_path, policy, config, runs_dir, baselines, run_id, on_event, owned)
+        finally:
+            owned.close()
     start = time.monotonic()
     run_id = run_id or new_run_id()
     root = Path(runs_dir or runs_root())
@@ -413,7 +423,7 @@ def run_episode(spec: TaskSpec, task_path: str | Path, policy: Policy, config: E
                                      "config": config.model_dump(), "versions": versions(), "sandbox": sandbox,
                                      "started_at": time.time()})
     episode = Episode(spec, Path(task_path).resolve(), policy, config, run, baselines or BaselineStore(), meter,
-                      on_event)
+                      executor, on_event)
     interrupted = False
     try:
         stop, turns, error = episode.run_loop()
