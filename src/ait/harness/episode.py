@@ -11,7 +11,6 @@ is taken, a running job is killed, and the episode ends as `timeout`, scored as 
 from __future__ import annotations
 
 import shutil
-import threading
 import time
 import tomllib
 from importlib.resources import files
@@ -266,7 +265,7 @@ class Episode:
         try:
             left = self.seconds_left()
             result = (executor.run(job, on_event=self.on_event) if left is None
-                      else run_until(executor, job, left, self.on_event))
+                      else jobs_.run_until(executor, job, left, self.on_event))
         except KeyboardInterrupt:
             cancel_job(executor, job)
             spent = time.monotonic() - start
@@ -323,40 +322,6 @@ class Episode:
         if job is None or not job.ok or job.eval_n is None:
             return None
         return best_pre(self.spec, job.eval_n, self.baselines, own=job)
-
-
-def run_until(executor: Executor, job: Job, seconds: float,
-              on_event: Callable[[str], None] | None = None) -> JobResult | None:
-    """executor.run(job) if it returns within `seconds`, else None. A job still running then is
-    killed: its processes (children of this process working in the job's directory, as the inline
-    and local executors start them) are killed until the executor returns, so a job that was
-    still waiting for a slot dies as soon as it starts. A queue or Ray job keeps its own limits."""
-    from ait.compute.local import kill_job_processes
-
-    box: dict[str, object] = {}
-    done = threading.Event()
-
-    def target() -> None:
-        try:
-            box["result"] = executor.run(job, on_event=on_event)
-        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
-            box["error"] = e
-        finally:
-            done.set()
-
-    threading.Thread(target=target, name=f"job-{job.job_id}", daemon=True).start()
-    if done.wait(seconds):
-        if "error" in box:
-            raise box["error"]  # type: ignore[misc]
-        return box["result"]  # type: ignore[return-value]
-
-    def reap() -> None:
-        kill_job_processes(job)
-        while not done.wait(1.0):
-            kill_job_processes(job)
-
-    threading.Thread(target=reap, name=f"reap-{job.job_id}", daemon=True).start()
-    return None
 
 
 class EpisodeInterrupted(KeyboardInterrupt):
