@@ -100,9 +100,6 @@ def start_ray(gpus: int, smoke: bool, cpus: int | None) -> object:
 
 
 def stop_ray(ray) -> None:
-    from ait.compute import ray_executor
-
-    ray_executor.close_shared_slots()
     ray.shutdown()
 
 
@@ -145,15 +142,16 @@ def throughput(args: argparse.Namespace, gpus: int, out: Path, saved_cuda: str |
 def outer_step(args: argparse.Namespace, gpus: int, k: int, n_jobs: int, out: Path, tag: str,
                saved_cuda: str | None) -> dict:
     """One outer step's jobs at once through the outer loop's executor on a shared pool."""
-    from ait.compute.ray_executor import RayExecutor, agent_share, configure_shared_slots
+    from ait.compute.ray_executor import RayExecutor, agent_share, place_slots
 
     ray = start_ray(gpus, args.smoke, args.cpus)
+    executor = None
     try:
         share = 0.0 if args.no_agent else agent_share(k)
-        pool = configure_shared_slots(None, jobs_per_gpu=k, agent_gpus=share, cpus_per_job=args.cpus_per_job,
-                                      job_fn=job_fn(args))
+        pool = place_slots(None, jobs_per_gpu=k, agent_gpus=share, cpus_per_job=args.cpus_per_job,
+                           job_fn=job_fn(args))
+        executor = RayExecutor(None, wait_s=args.time_budget * 4, pool=pool)  # it owns the pool
         described = pool.describe()
-        executor = RayExecutor(None, wait_s=args.time_budget * 4, pool=pool)
         jobs = make_jobs(args, out, n_jobs, tag)
         results: list[JobResult] = []
         lock = threading.Lock()
@@ -171,6 +169,8 @@ def outer_step(args: argparse.Namespace, gpus: int, k: int, n_jobs: int, out: Pa
             t.join()
         wall = time.monotonic() - start
     finally:
+        if executor is not None:
+            executor.close()  # the pool's slots, before Ray goes
         stop_ray(ray)
         restore_cuda(saved_cuda)
     return {"gpus": gpus, "jobs_per_gpu": k, "agent_share": share, "pool": described, "jobs": n_jobs,

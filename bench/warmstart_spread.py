@@ -32,7 +32,7 @@ from pathlib import Path
 from ait.configs import load_config
 from ait.outer.backends import make_backend
 from ait.outer.config import OuterConfig
-from ait.outer.loop import configure_local_slots, configure_ray_slots, episode_config, resolve_tasks
+from ait.outer.loop import episode_config, job_executor, resolve_tasks
 from ait.outer.rollouts import play
 from ait.outer.spread import job_spread
 from ait.outer.tasks import training_tasks
@@ -82,8 +82,7 @@ def main() -> int:
     print(f"warm start {warm} ({time.monotonic() - t0:.0f} s): {len(note.get('variants', []))} transcripts, "
           f"{note['examples']} examples, loss {note['loss_first']} -> {note['loss_last']}")
     config = config.model_copy(update={"policy": config.policy.model_copy(update={"init_checkpoint": str(warm)})})
-    configure_local_slots(config)
-    config = configure_ray_slots(config, print)
+    executor, config = job_executor(config, print)
     backend = make_backend(config)
     episodes_cfg = episode_config(config, out)
     stopping = threading.Event()
@@ -91,7 +90,8 @@ def main() -> int:
     def one(group: int, member: int, spec, path) -> tuple[str, object]:
         seed = (config.seed * 1_000_003 + group * 1009 + member) % 2**63  # as GroupSampler seeds a member
         run_id = f"{spec.id}-{member:03d}-{secrets.token_hex(2)}"
-        return spec.id, play(backend, spec, path, episodes_cfg, out / "episodes", run_id, seed, stopping)
+        return spec.id, play(backend, spec, path, episodes_cfg, out / "episodes", run_id, seed, stopping,
+                             executor=executor)
 
     t0 = time.monotonic()
     try:
@@ -101,6 +101,7 @@ def main() -> int:
             played = [f.result() for f in futures]
     finally:
         backend.close()
+        executor.close()
     wall = time.monotonic() - t0
 
     report = {"config": args.config, "episodes_per_task": args.episodes, "warm_start": str(warm),

@@ -1,4 +1,4 @@
-"""Shared fixtures for episode tests that must not train: a fake executor with canned JobResults,
+"""Shared fixtures for episode tests that must not train: an executor with canned JobResults,
 and a scripted policy that reports usage like an LLM would."""
 
 from __future__ import annotations
@@ -41,18 +41,31 @@ def ok_result(post: float = 0.6, pre: float = 0.3, dev: float | None = None, tra
                                  gpus=gpus, checkpoint=str(Path(job.run_dir) / "job" / "checkpoint"))
 
 
-def fake_executor(monkeypatch: pytest.MonkeyPatch, *makers: Callable[[Job], JobResult]) -> list[Job]:
-    """Replace the executor: the n-th job gets the n-th maker's result (the last one repeats).
-    Returns the list every job run is appended to."""
-    ran: list[Job] = []
+class Canned:
+    """An executor with canned results: the n-th job gets the n-th maker's result (the last one
+    repeats); `ran` lists every job it was given. Pass it to run_episode as `executor=`."""
 
-    class Fake:
-        def run(self, job: Job) -> JobResult:
-            ran.append(job)
-            return makers[min(len(ran), len(makers)) - 1](job)
+    def __init__(self, *makers: Callable[[Job], JobResult]):
+        self.makers = makers
+        self.ran: list[Job] = []
 
-    monkeypatch.setattr(episode_mod, "make_executor", lambda config: Fake())
-    return ran
+    def run(self, job: Job, on_event: Callable[[str], None] | None = None) -> JobResult:
+        self.ran.append(job)
+        return self.makers[min(len(self.ran), len(self.makers)) - 1](job)
+
+    def started(self, job: Job) -> bool:
+        return True
+
+    def cancel(self, job: Job) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def fake_executor(*makers: Callable[[Job], JobResult]) -> Canned:
+    """An executor that trains nothing: the n-th job gets the n-th maker's result."""
+    return Canned(*makers)
 
 
 _PROBES: dict[tuple[str, str], Any] = {}

@@ -126,8 +126,7 @@ def test_repointing_an_alias_never_meets_the_old_weights_score(models, tmp_path,
 
 
 def test_a_failed_measurement_is_an_infra_error_not_a_lower_best_pre(models, tmp_path, monkeypatch):
-    from ait.harness.episode import infra_verdict
-    from ait.harness.types import StopReason
+    from ait.harness.episode import infra_failure
 
     spec = spec_with("strong", "weak")
     store = BaselineStore(tmp_path / "b.json")
@@ -138,8 +137,8 @@ def test_a_failed_measurement_is_an_infra_error_not_a_lower_best_pre(models, tmp
     monkeypatch.setattr(best_pre_mod, "measure_baseline", broken)
     made = best_pre(spec, N, store, own=job_on("weak", pre=0.1, post=0.3))
     assert not made.complete and "strong" in made.failed and made.scores == {"weak": 0.1}
-    stop, error = infra_verdict(StopReason.job_done, None, job_on("weak", pre=0.1, post=0.3), made)
-    assert stop is StopReason.infra_error and "strong" in error
+    error = infra_failure(job_on("weak", pre=0.1, post=0.3), made)  # the episode ends as infra_error
+    assert error is not None and "strong" in error
 
 
 def test_a_changed_eval_format_never_meets_the_old_frozen_score(models, tmp_path):
@@ -178,8 +177,7 @@ def test_a_changed_scorer_changes_the_setup_its_baseline_is_frozen_under(models,
 
 
 def test_a_jobs_pre_beyond_noise_of_its_frozen_baseline_is_an_error_not_a_reward(models, tmp_path):
-    from ait.harness.episode import infra_verdict
-    from ait.harness.types import StopReason
+    from ait.harness.episode import infra_failure
 
     spec = spec_with("strong", "weak")
     store = BaselineStore(tmp_path / "b.json")
@@ -188,8 +186,8 @@ def test_a_jobs_pre_beyond_noise_of_its_frozen_baseline_is_an_error_not_a_reward
     stale = job_on("weak", pre=1.0, post=1.0)  # the eval now scores the untrained weak model 1.0
     made = best_pre(spec, N, store, own=stale, measure=False)
     assert not made.complete and "disagrees with the frozen baseline 0.0000" in made.failed["weak"]
-    stop, error = infra_verdict(StopReason.job_done, None, stale, made)
-    assert stop is StopReason.infra_error and "weak" in error
+    error = infra_failure(stale, made)  # the episode ends as infra_error
+    assert error is not None and "weak" in error
     assert store.get(spec.family, resolve_base_model("weak").sha256, eval_fingerprint(spec, N),
                      made.setups["weak"]).best_pre == 0.0  # the frozen score is not replaced behind anyone's back
     close = best_pre(spec, N, store, own=job_on("weak", pre=0.25, post=0.5), measure=False)

@@ -174,11 +174,10 @@ def store(tmp_path, monkeypatch) -> Path:
     ("untrained", crashed(pre=0.2), "untrained", 0.2),    # the job's own pre
     ("untrained", ok_result(pre=FROZEN, post=0.5), None, None),
 ])
-def test_an_episode_scores_a_dead_job_by_its_rule_and_recomputes_exactly(tmp_path, monkeypatch, store, rule, maker,
+def test_an_episode_scores_a_dead_job_by_its_rule_and_recomputes_exactly(tmp_path, store, rule, maker,
                                                                          rule_used, post_used) -> None:
-    fake_executor(monkeypatch, maker)
     result = run_episode(load_spec(TASK), TASK, ReferencePolicy(), EpisodeConfig(reward={"dead_job": rule}),
-                         runs_dir=tmp_path / "runs", baselines=BaselineStore(store))
+                         runs_dir=tmp_path / "runs", baselines=BaselineStore(store), executor=fake_executor(maker))
     r = result.reward
     assert (r.dead_job_rule, r.dead_job_post) == (rule_used, post_used)
     if post_used is not None:
@@ -192,10 +191,9 @@ def test_an_episode_scores_a_dead_job_by_its_rule_and_recomputes_exactly(tmp_pat
     assert out["recomputed"]["dead_job_rule"] == rule_used
 
 
-def test_the_script_notices_a_rule_changed_after_the_fact(tmp_path, monkeypatch, store) -> None:
-    fake_executor(monkeypatch, crashed())
+def test_the_script_notices_a_rule_changed_after_the_fact(tmp_path, store) -> None:
     result = run_episode(load_spec(TASK), TASK, ReferencePolicy(), EpisodeConfig(reward={"dead_job": "untrained"}),
-                         runs_dir=tmp_path / "runs", baselines=BaselineStore(store))
+                         runs_dir=tmp_path / "runs", baselines=BaselineStore(store), executor=fake_executor(crashed()))
     manifest = Path(result.run_dir) / "manifest.json"
     data = json.loads(manifest.read_text())
     data["config"]["reward"]["dead_job"] = "zero"

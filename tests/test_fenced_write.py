@@ -95,10 +95,10 @@ def write(arguments: dict[str, Any]) -> ToolCallRequest:
     return ToolCallRequest(id="x", name="write_file", arguments=arguments)
 
 
-def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy, **config: Any) -> EpisodeResult:
-    fake_executor(monkeypatch, ok_result())
+def run(tmp_path: Path, policy, **config: Any) -> EpisodeResult:
     return run_episode(load_spec(TASK), TASK, policy, EpisodeConfig(max_nudges=0, **config),
-                       runs_dir=tmp_path / "runs", baselines=BaselineStore(tmp_path / "b.json"))
+                       runs_dir=tmp_path / "runs", baselines=BaselineStore(tmp_path / "b.json"),
+                       executor=fake_executor(ok_result()))
 
 
 def events(result: EpisodeResult) -> list[dict[str, Any]]:
@@ -109,12 +109,12 @@ def results(result: EpisodeResult) -> list[str]:
     return [e["content"] for e in events(result) if e["kind"] == "tool_result"]
 
 
-def test_write_file_without_content_writes_the_last_block(tmp_path, monkeypatch) -> None:
+def test_write_file_without_content_writes_the_last_block(tmp_path) -> None:
     policy = Speaker([
         (f"A draft:\n```python\nDRAFT = 1\n```\nThe file:\n```python\n{TRICKY}```", [write({"path": "notes/a.py"})]),
         ("", [ToolCallRequest(id="x", name="read_file", arguments={"path": "notes/a.py"})]),
     ])
-    result = run(tmp_path, monkeypatch, policy)
+    result = run(tmp_path, policy)
     wrote, read = results(result)
     data = TRICKY.encode()
     assert wrote == f"wrote notes/a.py ({len(data)} bytes)"
@@ -122,13 +122,13 @@ def test_write_file_without_content_writes_the_last_block(tmp_path, monkeypatch)
     assert read == TRICKY and result.malformed_tool_calls == 0
 
 
-def test_missing_block_is_an_error_the_agent_sees_and_the_episode_goes_on(tmp_path, monkeypatch) -> None:
+def test_missing_block_is_an_error_the_agent_sees_and_the_episode_goes_on(tmp_path) -> None:
     policy = Speaker([
         ("I will write env.py now.", [write({"path": "env.py"})]),
         ("", [write({"path": "env.py", "content": None})]),  # null counts as omitted
         ("```python\nX = 2\n```", [write({"path": "env.py"})]),
     ])
-    result = run(tmp_path, monkeypatch, policy)
+    result = run(tmp_path, policy)
     first, second, third = results(result)
     for error in (first, second):
         assert error.startswith("error: ") and "```python" in error and "content" in error, error
@@ -138,24 +138,24 @@ def test_missing_block_is_an_error_the_agent_sees_and_the_episode_goes_on(tmp_pa
     assert result.turns == 4 and result.stop_reason is StopReason.no_submission
 
 
-def test_content_wins_over_a_block(tmp_path, monkeypatch) -> None:
+def test_content_wins_over_a_block(tmp_path) -> None:
     policy = Speaker([
         ("```python\nFROM_BLOCK = 1\n```", [write({"path": "a.py", "content": "FROM_CONTENT = 1\n"})]),
         ("```python\nFROM_BLOCK = 1\n```", [write({"path": "b.py", "content": ""})]),  # empty content is content
     ])
-    result = run(tmp_path, monkeypatch, policy)
+    result = run(tmp_path, policy)
     ws = Path(result.run_dir) / "workspace"
     assert ws.joinpath("a.py").read_text() == "FROM_CONTENT = 1\n"
     assert ws.joinpath("b.py").read_text() == ""
     assert results(result) == ["wrote a.py (17 bytes)", "wrote b.py (0 bytes)"]
 
 
-def test_hostile_paths_are_still_refused_with_a_block(tmp_path, monkeypatch) -> None:
+def test_hostile_paths_are_still_refused_with_a_block(tmp_path) -> None:
     absolute = tmp_path / "abs-escape.txt"
     block = "```python\npwned = True\n```"
     policy = Speaker([(block, [write({"path": "../escape.txt"})]), (block, [write({"path": "task.json"})]),
                       (block, [write({"path": str(absolute)})]), (block, [write({"path": "INSTRUCTIONS.md"})])])
-    result = run(tmp_path, monkeypatch, policy)
+    result = run(tmp_path, policy)
     assert all(r.startswith("error: ") for r in results(result)) and len(results(result)) == 4
     assert not absolute.exists() and not list(tmp_path.rglob("escape.txt"))
     ws = Path(result.run_dir) / "workspace"
@@ -176,9 +176,9 @@ def test_the_tool_description_tells_the_agent() -> None:
 # ---- the reference agent ------------------------------------------------------------------
 
 
-def test_reference_agent_writes_env_py_as_a_block_and_submits_a_valid_job(tmp_path, monkeypatch) -> None:
+def test_reference_agent_writes_env_py_as_a_block_and_submits_a_valid_job(tmp_path) -> None:
     spec = load_spec(TASK)
-    result = run(tmp_path, monkeypatch, ReferencePolicy(jobs=1))
+    result = run(tmp_path, ReferencePolicy(jobs=1))
     assert result.stop_reason is StopReason.job_done, result.error
     assert result.submissions and result.submissions[0].report.valid, result.submissions[0].report.summary()
     assert result.reward.validation == 1.0 and result.job is not None and result.job.ok

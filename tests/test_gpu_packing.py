@@ -95,29 +95,29 @@ def test_memory_reserved_for_the_agent_is_left_out_of_admission():
 def test_the_outer_loop_pool_reserves_the_agents_share(monkeypatch):
     from ait.compute import local
     from ait.outer.config import OuterConfig
-    from ait.outer.loop import configure_local_slots
+    from ait.outer.loop import job_executor
 
     monkeypatch.setattr(local, "detect_gpus", lambda: ["0"])
     monkeypatch.setattr("ait.compute.gpu_memory.gpu_total_gib", lambda index: 100.0)
-    monkeypatch.setattr(local, "_shared", None)
-    configure_local_slots(OuterConfig(jobs_per_gpu=4, agent_gpu_gib=30.0, episode={"executor": "local"}))
-    assert local._shared.ledger.capacity["0"] == pytest.approx(100.0 * 0.9 - 30.0)
+    config = OuterConfig(jobs_per_gpu=4, agent_gpu_gib=30.0, episode={"executor": "local"})
+    pool, same = job_executor(config)
+    assert same == config and isinstance(pool, local.LocalExecutor)
+    assert pool.ledger.capacity["0"] == pytest.approx(100.0 * 0.9 - 30.0)
 
 
 def test_the_outer_loop_pool_admits_inner_jobs_by_their_models_measured_k(monkeypatch):
     from ait.compute import local
     from ait.outer.config import OuterConfig
-    from ait.outer.loop import configure_local_slots
+    from ait.outer.loop import job_executor
 
     monkeypatch.setattr(local, "detect_gpus", lambda: ["0"])
     monkeypatch.setattr("ait.compute.gpu_memory.gpu_total_gib", lambda index: 139.8)
     monkeypatch.setattr("ait.compute.packing.gpu_name", lambda index: "NVIDIA H200")
-    monkeypatch.setattr(local, "_shared", None)
-    configure_local_slots(OuterConfig(jobs_per_gpu=8, agent_gpu_gib=24.0, episode={"executor": "local"}))
-    assert local._shared.model_packing["qwen2.5-coder-1.5b"].jobs_per_gpu == 2  # the shipped H200 matrix
+    pool, _ = job_executor(OuterConfig(jobs_per_gpu=8, agent_gpu_gib=24.0, episode={"executor": "local"}))
+    assert pool.model_packing["qwen2.5-coder-1.5b"].jobs_per_gpu == 2  # the shipped H200 matrix
     monkeypatch.setattr("ait.compute.packing.gpu_name", lambda index: None)  # nvidia-smi unreadable: memory alone
-    configure_local_slots(OuterConfig(jobs_per_gpu=8, episode={"executor": "local"}))
-    assert local._shared.model_packing == {}
+    pool, _ = job_executor(OuterConfig(jobs_per_gpu=8, episode={"executor": "local"}))
+    assert pool.model_packing == {}
 
 
 def test_a_lone_job_always_starts_even_above_the_estimate():

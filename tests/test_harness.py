@@ -88,12 +88,23 @@ class Exploding:
 
 
 class FakeExecutor:
+    """Trains nothing: each job gets `make(job)` and is appended to `jobs`."""
+
     def __init__(self, make: Callable[[Job], JobResult], jobs: list[Job]):
         self.make, self.jobs = make, jobs
 
-    def run(self, job: Job) -> JobResult:
+    def run(self, job: Job, on_event: Callable[[str], None] | None = None) -> JobResult:
         self.jobs.append(job)
         return self.make(job)
+
+    def started(self, job: Job) -> bool:
+        return True
+
+    def cancel(self, job: Job) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def ok_result(pre: float = 0.3, post: float = 0.6, train_seconds: float = 150.0) -> Callable[[Job], JobResult]:
@@ -120,10 +131,6 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     jobs: list[Job] = []
     state: dict[str, Any] = {"make": ok_result()}
 
-    def fake_make_executor(config: EpisodeConfig) -> FakeExecutor:
-        return FakeExecutor(state["make"], jobs)
-
-    monkeypatch.setattr(episode_mod, "make_executor", fake_make_executor)
     store = BaselineStore(tmp_path / "b.json")
 
     class Env:
@@ -139,7 +146,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         @staticmethod
         def run(policy, config: EpisodeConfig | None = None, spec_: TaskSpec | None = None) -> EpisodeResult:
             return run_episode(spec_ or load_spec(TASK), TASK, policy, config=config, runs_dir=tmp_path / "runs",
-                               baselines=store)
+                               baselines=store, executor=FakeExecutor(state["make"], jobs))
 
     return Env
 

@@ -36,10 +36,10 @@ def replay_logprobs(policy: HFPolicy, prompt: list[int], completion: list[int], 
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0].tolist()
 
 
-def test_tiny_model_drives_a_full_episode(tiny: HFPolicy, tmp_path, monkeypatch) -> None:
-    fake_executor(monkeypatch, ok_result())  # should it ever submit a valid job, nothing trains
+def test_tiny_model_drives_a_full_episode(tiny: HFPolicy, tmp_path) -> None:
+    executor = fake_executor(ok_result())  # should it ever submit a valid job, nothing trains
     result = run_episode(load_spec(TASK), TASK, tiny, EpisodeConfig(max_turns=3, max_nudges=1),
-                         runs_dir=tmp_path / "runs", baselines=BaselineStore(tmp_path / "b.json"))
+                         runs_dir=tmp_path / "runs", baselines=BaselineStore(tmp_path / "b.json"), executor=executor)
     assert result.stop_reason in (StopReason.no_submission, StopReason.turn_cap), result.error
     assert result.reward.total <= 0.0  # an untrained random model earns nothing, honestly
     events = [json.loads(x) for x in (Path(result.run_dir) / "trajectory.jsonl").read_text().splitlines()]

@@ -107,12 +107,11 @@ def test_a_job_still_waiting_for_a_slot_at_the_deadline_is_infra_and_never_runs(
     ex = LocalExecutor([{}], job_fn=job_fn)
     holder = occupy(ex, tmp_path, release)
     monkeypatch.setattr(episode_mod, "probe_workspace", valid_probe)
-    monkeypatch.setattr(episode_mod, "make_executor", lambda config: ex)
     from ait.train.models import resolve_base_model
 
     resolve_base_model("tiny")  # built once per AIT_HOME: not on the episode's clock
     result = run_episode(load_spec(TASK), TASK, ReferencePolicy(jobs=1), EpisodeConfig(timeout_s=3.0),
-                         runs_dir=tmp_path / "runs", baselines=BaselineStore(tmp_path / "b.json"))
+                         runs_dir=tmp_path / "runs", baselines=BaselineStore(tmp_path / "b.json"), executor=ex)
     assert result.stop_reason is StopReason.infra_error, result.error
     assert result.job is not None and result.job.fail_reason is FailReason.infra
     assert "never ran" in (result.job.error or "") and "waited for a slot" in result.error
@@ -131,13 +130,12 @@ def test_a_job_that_started_and_runs_past_the_deadline_is_the_agents_timeout(tmp
 
     ex = LocalExecutor([{}], job_fn=job_fn)
     monkeypatch.setattr(episode_mod, "probe_workspace", valid_probe)
-    monkeypatch.setattr(episode_mod, "make_executor", lambda config: ex)
     from ait.train.models import resolve_base_model
 
     resolve_base_model("tiny")
     try:
         result = run_episode(load_spec(TASK), TASK, ReferencePolicy(jobs=1), EpisodeConfig(timeout_s=3.0),
-                             runs_dir=tmp_path / "runs", baselines=BaselineStore(tmp_path / "b.json"))
+                             runs_dir=tmp_path / "runs", baselines=BaselineStore(tmp_path / "b.json"), executor=ex)
     finally:
         release.set()
     assert result.stop_reason is StopReason.timeout

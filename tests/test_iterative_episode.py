@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fakes import TASK, fake_executor, memo_probe, ok_result
+from fakes import TASK, Canned, fake_executor, memo_probe, ok_result
 
 from ait.evals.baselines import BaselineStore
 from ait.harness.episode import run_episode
@@ -40,9 +40,9 @@ def _probe_once(monkeypatch) -> None:
     memo_probe(monkeypatch)
 
 
-def run(tmp_path: Path, policy, config: EpisodeConfig, task: Path = TASK) -> EpisodeResult:
+def run(tmp_path: Path, policy, config: EpisodeConfig, executor: Canned, task: Path = TASK) -> EpisodeResult:
     return run_episode(load_spec(task), task, policy, config, runs_dir=tmp_path / "runs",
-                       baselines=BaselineStore(tmp_path / "b.json"))
+                       baselines=BaselineStore(tmp_path / "b.json"), executor=executor)
 
 
 def assert_hidden_never_shown(seen: list[str]) -> None:
@@ -56,11 +56,12 @@ def assert_hidden_never_shown(seen: list[str]) -> None:
     ((LOW, 0.25), (HIGH, 0.50), 1),   # the refined job is better on dev: it is scored
     ((HIGH, 0.25), (LOW, 0.75), 1),   # dev prefers the second, hidden the first: dev decides, never hidden
 ], ids=["second-better", "second-better-on-dev-only"])
-def test_reference_policy_runs_two_jobs_and_the_best_is_scored(tmp_path, monkeypatch, first, second, best) -> None:
-    ran = fake_executor(monkeypatch, ok_result(post=first[0], dev=first[1], pre=PRE),
-                        ok_result(post=second[0], dev=second[1], pre=PRE))
+def test_reference_policy_runs_two_jobs_and_the_best_is_scored(tmp_path, first, second, best) -> None:
+    executor = fake_executor(ok_result(post=first[0], dev=first[1], pre=PRE),
+                             ok_result(post=second[0], dev=second[1], pre=PRE))
+    ran = executor.ran
     policy = Watching()
-    result = run(tmp_path, policy, EpisodeConfig(max_jobs=2))
+    result = run(tmp_path, policy, EpisodeConfig(max_jobs=2), executor)
 
     assert result.stop_reason is StopReason.job_done
     assert len(ran) == 2 and [r.attempt for r in result.jobs] == [1, 2]
@@ -88,21 +89,21 @@ def test_reference_policy_runs_two_jobs_and_the_best_is_scored(tmp_path, monkeyp
     assert json.loads((run_dir / "episode.json").read_text())["scored_job"] == best
 
 
-def test_one_job_by_default(tmp_path, monkeypatch) -> None:
-    ran = fake_executor(monkeypatch, ok_result(post=LOW, dev=0.3))
+def test_one_job_by_default(tmp_path) -> None:
+    executor = fake_executor(ok_result(post=LOW, dev=0.3))
     policy = Watching()  # would refine if the harness allowed it
-    result = run(tmp_path, policy, EpisodeConfig())
-    assert len(ran) == 1 and result.stop_reason is StopReason.job_done and result.scored_job == 0
+    result = run(tmp_path, policy, EpisodeConfig(), executor)
+    assert len(executor.ran) == 1 and result.stop_reason is StopReason.job_done and result.scored_job == 0
     assert not any("dev score 0." in s or "more job(s) allowed" in s for s in policy.seen)
 
 
-def test_a_failed_job_then_a_good_one(tmp_path, monkeypatch) -> None:
+def test_a_failed_job_then_a_good_one(tmp_path) -> None:
     def crash(job: Job) -> JobResult:
         return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.oom, base_model="tiny", train_seconds=5.0)
 
-    fake_executor(monkeypatch, crash, ok_result(post=LOW, dev=0.2, pre=PRE))
+    executor = fake_executor(crash, ok_result(post=LOW, dev=0.2, pre=PRE))
     policy = Watching()
-    result = run(tmp_path, policy, EpisodeConfig(max_jobs=3))
+    result = run(tmp_path, policy, EpisodeConfig(max_jobs=3), executor)
     assert [r.result.ok for r in result.jobs] == [False, True] and result.scored_job == 1
     assert result.reward.post == LOW and result.reward.job_quality > 0
     assert "failed: oom" in "\n".join(policy.seen)
@@ -127,20 +128,20 @@ class Choosing(Watching):
         return reply
 
 
-def test_the_agents_choice_is_scored_whatever_the_scores(tmp_path, monkeypatch) -> None:
-    fake_executor(monkeypatch, ok_result(post=LOW, dev=0.25, pre=PRE), ok_result(post=HIGH, dev=0.75, pre=PRE))
+def test_the_agents_choice_is_scored_whatever_the_scores(tmp_path) -> None:
+    executor = fake_executor(ok_result(post=LOW, dev=0.25, pre=PRE), ok_result(post=HIGH, dev=0.75, pre=PRE))
     policy = Choosing(1)
-    result = run(tmp_path, policy, EpisodeConfig(max_jobs=2))
+    result = run(tmp_path, policy, EpisodeConfig(max_jobs=2), executor)
     assert result.chosen_job == 0 and result.scored_job == 0 and result.reward.post == LOW
     assert "job 1 is the one this episode is scored on" in "\n".join(policy.seen)
     assert json.loads((Path(result.run_dir) / "job_result.json").read_text())["post"] == LOW
 
 
 @pytest.mark.parametrize("choice", [0, 3, -1, True])
-def test_a_choice_that_names_no_job_is_refused(tmp_path, monkeypatch, choice) -> None:
-    fake_executor(monkeypatch, ok_result(post=LOW, dev=0.25, pre=PRE), ok_result(post=HIGH, dev=0.75, pre=PRE))
+def test_a_choice_that_names_no_job_is_refused(tmp_path, choice) -> None:
+    executor = fake_executor(ok_result(post=LOW, dev=0.25, pre=PRE), ok_result(post=HIGH, dev=0.75, pre=PRE))
     policy = Choosing(choice)
-    result = run(tmp_path, policy, EpisodeConfig(max_jobs=2))
+    result = run(tmp_path, policy, EpisodeConfig(max_jobs=2), executor)
     assert result.chosen_job is None and result.scored_job == 1  # the default: best by dev
     assert "error: job must be the number of a job that ran (1..2)" in "\n".join(policy.seen)
 
@@ -169,7 +170,7 @@ def test_selection_never_reads_hidden_scores() -> None:
     assert scored_job([]) is None
 
 
-def test_dev_eval_runs_when_the_job_reports_none(tmp_path, monkeypatch) -> None:
+def test_dev_eval_runs_when_the_job_reports_none(tmp_path) -> None:
     """The real dev eval process scores the checkpoint on the spec's dev examples, never the hidden set."""
     def trained(job: Job) -> JobResult:
         ckpt = Path(job.run_dir) / "job" / "checkpoint"
@@ -184,10 +185,9 @@ def test_dev_eval_runs_when_the_job_reports_none(tmp_path, monkeypatch) -> None:
     data["eval_format"]["max_new_tokens"] = 16
     task = tmp_path / "calc_chain_small.json"
     task.write_text(json.dumps(data))
-    fake_executor(monkeypatch, trained)
     spec = load_spec(task)
     policy = Watching(jobs=1)
-    result = run(tmp_path, policy, EpisodeConfig(max_jobs=2), task)
+    result = run(tmp_path, policy, EpisodeConfig(max_jobs=2), fake_executor(trained), task)
     record = result.jobs[0]
     assert record.dev is not None and 0.0 <= record.dev <= 1.0
     assert f"on {len(spec.dev_examples)} public dev examples" in "\n".join(policy.seen)

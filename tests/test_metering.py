@@ -28,9 +28,9 @@ def home(tmp_path, monkeypatch) -> Path:
     return tmp_path / "home"
 
 
-def run(tmp_path: Path, policy, config) -> EpisodeResult:
+def run(tmp_path: Path, policy, config, executor=None) -> EpisodeResult:
     return run_episode(load_spec(TASK), TASK, policy, config, runs_dir=tmp_path / "runs",
-                       baselines=BaselineStore(tmp_path / "b.json"))
+                       baselines=BaselineStore(tmp_path / "b.json"), executor=executor)
 
 
 def events(result: EpisodeResult, kind: str) -> list[dict]:
@@ -99,12 +99,12 @@ def test_job_cost() -> None:
     assert gpu.usd == pytest.approx(0.5 * DEFAULT_PRICES.gpu_hour["H100"])
 
 
-def test_jobs_are_metered_into_the_ledger(tmp_path: Path, monkeypatch) -> None:
+def test_jobs_are_metered_into_the_ledger(tmp_path: Path) -> None:
     job = reference_job("calc_chain")
     turns = [[call("write_file", {"path": "job.toml", "content": job["job.toml"]}),
               call("write_file", {"path": "env.py", "content": job["env.py"]})], [call("submit_job")]]
-    fake_executor(monkeypatch, ok_result(train_seconds=100.0, gpus=2.0))
-    result = run(tmp_path, Priced(turns, CENT), quick(gpu_type="A100", run_group="sweep-1"))
+    executor = fake_executor(ok_result(train_seconds=100.0, gpus=2.0))
+    result = run(tmp_path, Priced(turns, CENT), quick(gpu_type="A100", run_group="sweep-1"), executor)
     assert result.stop_reason is StopReason.job_done
     wall = 100.0 + 20.0
     assert result.cost.gpu_seconds == 2 * wall
@@ -119,12 +119,12 @@ def test_jobs_are_metered_into_the_ledger(tmp_path: Path, monkeypatch) -> None:
     assert end["cost/usd"] == pytest.approx(result.cost.total_usd) and end["time/gpu_s"] == 2 * wall
 
 
-def test_cpu_job_records_cpu_seconds(tmp_path: Path, monkeypatch) -> None:
+def test_cpu_job_records_cpu_seconds(tmp_path: Path) -> None:
     job = reference_job("calc_chain")
     turns = [[call("write_file", {"path": "job.toml", "content": job["job.toml"]}),
               call("write_file", {"path": "env.py", "content": job["env.py"]}), call("submit_job")]]
-    fake_executor(monkeypatch, ok_result(train_seconds=30.0, gpus=0.0))
-    result = run(tmp_path, Priced(turns, CENT), quick())
+    executor = fake_executor(ok_result(train_seconds=30.0, gpus=0.0))
+    result = run(tmp_path, Priced(turns, CENT), quick(), executor)
     assert result.cost.cpu_seconds == 50.0 and result.cost.gpu_seconds == 0.0 and result.cost.job_usd == 0.0
 
 
@@ -149,28 +149,28 @@ def test_budget_stops_right_after_a_call_that_passed_it(tmp_path: Path) -> None:
     assert events(result, "tool_result") == []
 
 
-def test_budget_stop_after_a_job_keeps_its_reward(tmp_path: Path, monkeypatch) -> None:
+def test_budget_stop_after_a_job_keeps_its_reward(tmp_path: Path) -> None:
     job = reference_job("calc_chain")
     turns = [[call("write_file", {"path": "job.toml", "content": job["job.toml"]}),
               call("write_file", {"path": "env.py", "content": job["env.py"]}), call("submit_job")],
              [call("read_file", {"path": "job.toml"})], [call("read_file", {"path": "env.py"})]]
-    fake_executor(monkeypatch, ok_result(pre=0.3, post=0.6, gpus=0.0))
+    executor = fake_executor(ok_result(pre=0.3, post=0.6, gpus=0.0))
     expensive = [CENT, CENT.model_copy(update={"usd": 1.0}), CENT]
-    result = run(tmp_path, Priced(turns, expensive), quick(budget_usd=0.5, max_jobs=2))
+    result = run(tmp_path, Priced(turns, expensive), quick(budget_usd=0.5, max_jobs=2), executor)
     assert result.stop_reason is StopReason.budget and result.turns == 2
     assert result.job is not None and result.job.post == 0.6
     assert result.reward.validation == 1.0
     assert result.reward.job_quality == pytest.approx(0.25 * 0.6 + 0.75 * (0.6 - 0.3) / 0.7)
 
 
-def test_job_is_not_run_when_its_estimate_passes_the_budget(tmp_path: Path, monkeypatch) -> None:
+def test_job_is_not_run_when_its_estimate_passes_the_budget(tmp_path: Path) -> None:
     job = reference_job("calc_chain")
     turns = [[call("write_file", {"path": "job.toml", "content": job["job.toml"]}),
               call("write_file", {"path": "env.py", "content": job["env.py"]}), call("submit_job")]]
-    ran = fake_executor(monkeypatch, ok_result())
+    executor = fake_executor(ok_result())
     # 600 s of training on one GPU at the default $2/h is about $0.33.
-    result = run(tmp_path, Priced(turns, CENT), quick(budget_usd=0.2, job_gpus=1.0))
-    assert ran == [] and result.job is None
+    result = run(tmp_path, Priced(turns, CENT), quick(budget_usd=0.2, job_gpus=1.0), executor)
+    assert executor.ran == [] and result.job is None
     assert result.stop_reason is StopReason.budget and "job not run" in result.error
     assert result.reward.validation == 1.0 and result.reward.job_quality == 0.0
     assert "not run" in events(result, "tool_result")[-1]["content"]

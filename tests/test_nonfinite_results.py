@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fakes import Canned
 from typer.testing import CliRunner
 
 import ait.compute.run_job as run_job_mod
@@ -181,18 +182,14 @@ def test_an_unreadable_queue_result_is_a_failed_billed_job_in_the_episode(tmp_pa
 
 def test_an_inline_result_holding_nan_leaves_a_run_directory_that_resumes(tmp_path, monkeypatch):
     """job_result.json and episode.json must parse again, or `ait eval --resume` re-runs the episode."""
-    import ait.harness.episode as episode_mod
-
     monkeypatch.setenv("AIT_HOME", str(tmp_path / "home"))
 
-    class NaNExecutor:
-        def run(self, job: Job) -> JobResult:
-            return JobResult(job_id=job.job_id, ok=True, base_model="tiny", pre=0.2, post=0.5, eval_n=8,
-                             train_seconds=40.0, total_seconds=50.0, metrics={"train/loss": float("nan")})
+    def nan_result(job: Job) -> JobResult:
+        return JobResult(job_id=job.job_id, ok=True, base_model="tiny", pre=0.2, post=0.5, eval_n=8,
+                         train_seconds=40.0, total_seconds=50.0, metrics={"train/loss": float("nan")})
 
-    monkeypatch.setattr(episode_mod, "make_executor", lambda config: NaNExecutor())
     result = run_episode(load_spec(TASK), TASK, ReferencePolicy(), EpisodeConfig(), runs_dir=tmp_path / "runs",
-                         baselines=BaselineStore(tmp_path / "b.json"))
+                         baselines=BaselineStore(tmp_path / "b.json"), executor=Canned(nan_result))
     run_dir = Path(result.run_dir)
     stored = JobResult.model_validate_json((run_dir / "job_result.json").read_text())
     assert not stored.ok and stored.fail_reason is FailReason.crash and stored.total_seconds == 50.0

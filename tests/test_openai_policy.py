@@ -172,7 +172,7 @@ def test_tool_calls_and_provider_cost(server: ChatServer) -> None:
     assert [m["role"] for m in body["messages"]] == ["system", "user"]
 
 
-def test_full_episode_with_malformed_calls_and_mixed_pricing(server: ChatServer, monkeypatch, tmp_path) -> None:
+def test_full_episode_with_malformed_calls_and_mixed_pricing(server: ChatServer, tmp_path) -> None:
     """Priced by the provider, by the price table, and unpriced; malformed calls answered and counted."""
     job = reference_job("calc_chain")
     server.reply(completion([("write_file", {"path": "job.toml", "content": job["job.toml"]})], turn=1,
@@ -182,11 +182,11 @@ def test_full_episode_with_malformed_calls_and_mixed_pricing(server: ChatServer,
     server.reply(completion([("read_file", '{"path": "job.toml"'), ("launch", {}), ("read_file", {"file": "x"})],
                             turn=3, use=usage(2000, 40)))
     server.reply(completion([("submit_job", {})], turn=4))  # no usage block at all
-    ran = fake_executor(monkeypatch, ok_result(post=0.5))
+    executor = fake_executor(ok_result(post=0.5))
     p, _ = policy(server)
     result = run_episode(load_spec(TASK), TASK, p, EpisodeConfig(), runs_dir=tmp_path / "runs",
-                         baselines=BaselineStore(tmp_path / "b.json"))
-    assert result.stop_reason is StopReason.job_done and len(ran) == 1
+                         baselines=BaselineStore(tmp_path / "b.json"), executor=executor)
+    assert result.stop_reason is StopReason.job_done and len(executor.ran) == 1
     assert result.reward.validation == 1.0
     assert result.malformed_tool_calls == 3
 
@@ -314,8 +314,7 @@ def test_cli_prints_tokens_and_dollars(server: ChatServer, monkeypatch, tmp_path
     from ait.cli import app
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-cli")
-    monkeypatch.setenv("AIT_BASELINES", str(tmp_path / "b.json"))
-    fake_executor(monkeypatch, ok_result())
+    monkeypatch.setenv("AIT_BASELINES", str(tmp_path / "b.json"))  # the agent submits nothing: no job runs
     args = ["episode", "--task", str(TASK), "--policy", "openai:gpt-4o-mini", "--base-url", server.url,
             "--runs-dir", str(tmp_path / "runs")]
     for _ in range(3):  # the first reply and two nudged ones
@@ -335,26 +334,24 @@ def test_cli_prints_tokens_and_dollars(server: ChatServer, monkeypatch, tmp_path
 # ---- what broke against real servers (llama-cpp-python, `transformers serve`) ----------------------
 
 
-def episode(p: OpenAIPolicy, tmp_path: Path, **config: Any):
+def episode(p: OpenAIPolicy, tmp_path: Path, executor=None, **config: Any):
     return run_episode(load_spec(TASK), TASK, p, EpisodeConfig(**config), runs_dir=tmp_path / "runs",
-                       baselines=BaselineStore(tmp_path / "b.json"))
+                       baselines=BaselineStore(tmp_path / "b.json"), executor=executor)
 
 
 def trajectory(result) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (Path(result.run_dir) / "trajectory.jsonl").read_text().splitlines()]
 
 
-def test_an_assistant_turn_with_tool_calls_is_sent_with_string_content(server: ChatServer, monkeypatch,
-                                                                        tmp_path) -> None:
+def test_an_assistant_turn_with_tool_calls_is_sent_with_string_content(server: ChatServer, tmp_path) -> None:
     """llama-cpp-python answers `"content": null` with a 500: every tool-using episode died at turn 2."""
     server.strict_content = True
     job = reference_job("calc_chain")
     server.reply(completion([("write_file", {"path": "job.toml", "content": job["job.toml"]})], turn=1))
     server.reply(completion([("write_file", {"path": "env.py", "content": job["env.py"]})], turn=2))
     server.reply(completion([("submit_job", {})], turn=3))
-    fake_executor(monkeypatch, ok_result())
     p, sleeps = policy(server)
-    result = episode(p, tmp_path)
+    result = episode(p, tmp_path, fake_executor(ok_result()))
     assert result.stop_reason is StopReason.job_done, result.error
     assert sleeps == [] and len(server.requests) == 3
     sent = [m for m in server.requests[2]["body"]["messages"] if m["role"] == "assistant"]
@@ -544,17 +541,17 @@ def test_tool_calls_written_as_text_are_reported(server: ChatServer, tmp_path) -
     assert p.diagnostics()["note"] is None and p.diagnostics()["replies"] == 0
 
 
-def test_salvaged_tool_calls_reach_the_harness(server: ChatServer, monkeypatch, tmp_path) -> None:
+def test_salvaged_tool_calls_reach_the_harness(server: ChatServer, tmp_path) -> None:
     job = reference_job("calc_chain")
     write_toml = json.dumps({"name": "write_file", "arguments": {"path": "job.toml", "content": job["job.toml"]}})
     write_env = json.dumps({"name": "write_file", "arguments": {"path": "env.py", "content": job["env.py"]}})
     server.reply(completion(content=f"I will write the config.\n```json\n{write_toml}\n```", use=usage(100, 50)))
     server.reply(completion(content=f"<tool_call>\n{write_env}\n</tool_call>", use=usage(200, 50)))
     server.reply(completion(content='{"name": "submit_job", "arguments": {}}', use=usage(300, 10)))
-    ran = fake_executor(monkeypatch, ok_result())
+    executor = fake_executor(ok_result())
     p, _ = policy(server, model="qwen", salvage_tool_calls=True)
-    result = episode(p, tmp_path)
-    assert result.stop_reason is StopReason.job_done and len(ran) == 1 and result.malformed_tool_calls == 0
+    result = episode(p, tmp_path, executor)
+    assert result.stop_reason is StopReason.job_done and len(executor.ran) == 1 and result.malformed_tool_calls == 0
     d = p.diagnostics()
     assert (d["structured_tool_call_replies"], d["text_tool_call_replies"], d["salvaged_replies"]) == (0, 3, 3)
     assert "salvaged" in d["note"]

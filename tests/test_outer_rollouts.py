@@ -12,9 +12,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from fakes import TASK
+from fakes import TASK, Canned
 
 import ait.harness.episode as episode_mod
+from ait.compute.executors import InlineExecutor
 from ait.evals.baselines import BaselineStore
 from ait.harness.episode import run_episode
 from ait.harness.types import EpisodeConfig, EpisodeResult, Message, StopReason
@@ -37,7 +38,8 @@ class Versioned:
         raise AssertionError("play is replaced in these tests")
 
 
-def instant_play(backend, spec, path, config, runs_dir, run_id, seed, stopping, temperature=None) -> Episode:
+def instant_play(backend, spec, path, config, runs_dir, run_id, seed, stopping, temperature=None, *,
+                 executor=None) -> Episode:
     result = EpisodeResult(run_id=run_id, run_dir=str(runs_dir / run_id), task_id=spec.id, policy="fake",
                            stop_reason=StopReason.no_submission, turns=1, submissions=[], job=None,
                            reward=RewardBreakdown(total=-0.1, max_attempts=3, parseable_submission=False),
@@ -48,7 +50,8 @@ def instant_play(backend, spec, path, config, runs_dir, run_id, seed, stopping, 
 
 
 def sampler(backend, tmp_path: Path, max_off_policy: int) -> rollouts.GroupSampler:
-    return rollouts.GroupSampler(backend=backend, task_paths=[TASK, TASK.parent / "triage.json"],
+    return rollouts.GroupSampler(backend=backend, executor=InlineExecutor(),
+                                 task_paths=[TASK, TASK.parent / "triage.json"],
                                  rng=random.Random(0), episode_config=EpisodeConfig(), runs_dir=tmp_path,
                                  group_size=2, groups_per_step=1, max_off_policy=max_off_policy,
                                  concurrency=1, seed=0)
@@ -119,7 +122,7 @@ def test_a_slow_policy_is_cut_at_the_limit_and_scored(tmp_path) -> None:
 
     start = time.monotonic()
     ep = rollouts.play(Backend(), load_spec(TASK), TASK, EpisodeConfig(timeout_s=1.0, max_turns=100, max_nudges=10),
-                       tmp_path / "runs", "slow-1", None, threading.Event())
+                       tmp_path / "runs", "slow-1", None, threading.Event(), executor=InlineExecutor())
     assert time.monotonic() - start < 5
     assert ep.result.stop_reason is StopReason.timeout and "wall-clock" in ep.result.error
     assert ep.trajectory.timed_out and ep.trajectory.policy_version == 4
@@ -134,8 +137,8 @@ def valid_probe(workspace: Path, spec, timeout_s: float) -> ProbeReport:
 def test_a_job_running_past_the_limit_is_killed_and_the_episode_scored(tmp_path, monkeypatch) -> None:
     started: list[subprocess.Popen] = []
 
-    class Sleeper:
-        def run(self, job: Job) -> JobResult:
+    class Sleeper(Canned):
+        def run(self, job: Job, on_event=None) -> JobResult:
             job_dir = Path(job.run_dir) / "job"
             job_dir.mkdir(parents=True, exist_ok=True)
             proc = subprocess.Popen(["sleep", "60"], cwd=job_dir, start_new_session=True)
@@ -147,13 +150,12 @@ def test_a_job_running_past_the_limit_is_killed_and_the_episode_scored(tmp_path,
             return bool(started)
 
     monkeypatch.setattr(episode_mod, "probe_workspace", valid_probe)
-    monkeypatch.setattr(episode_mod, "make_executor", lambda config: Sleeper())
     from ait.train.models import resolve_base_model
 
     resolve_base_model("tiny")  # built once per AIT_HOME (get_baseline_scores hashes it): not on the clock
     start = time.monotonic()
     result = run_episode(load_spec(TASK), TASK, ReferencePolicy(jobs=1), EpisodeConfig(timeout_s=3.0),
-                         runs_dir=tmp_path / "runs", baselines=BaselineStore(tmp_path / "b.json"))
+                         runs_dir=tmp_path / "runs", baselines=BaselineStore(tmp_path / "b.json"), executor=Sleeper())
     assert time.monotonic() - start < 10
     assert result.stop_reason is StopReason.timeout
     assert result.job is not None and result.job.fail_reason is FailReason.timeout
@@ -176,7 +178,7 @@ def test_infra_errors_are_left_out_of_their_group_and_counted(tmp_path, monkeypa
 
     calls = []
 
-    def play(backend, spec, path, config, runs_dir, run_id, seed, stopping, temperature=None) -> Episode:
+    def play(backend, spec, path, config, runs_dir, run_id, seed, stopping, temperature=None, *, executor) -> Episode:
         ep = instant_play(backend, spec, path, config, runs_dir, run_id, seed, stopping)
         calls.append(run_id)
         if len(calls) in (2, 4, 5):  # the first group (episodes 1-3) loses one member, the second (4-6) two

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from test_outer_rollouts import Versioned, instant_play
 
+from ait.compute.executors import InlineExecutor
 from ait.families import FAMILIES
 from ait.harness.types import EpisodeConfig
 from ait.outer import rollouts
@@ -67,7 +68,7 @@ def test_the_order_is_the_seeds_and_the_task_lists_not_the_order_given() -> None
 def run_sampler(tmp_path: Path, *, steps: int, first_slot: int = 0, per_step: int = 2, max_off_policy: int = 0,
                 task_sampling: str = "round_robin", seed: int = 0) -> list[list[tuple[str, str]]]:
     """(family, task id) of the groups each step trains on, with episodes that finish at once."""
-    s = rollouts.GroupSampler(backend=Versioned(), task_paths=TASKS, rng=random.Random(seed),
+    s = rollouts.GroupSampler(backend=Versioned(), executor=InlineExecutor(), task_paths=TASKS, rng=random.Random(seed),
                               episode_config=EpisodeConfig(), runs_dir=tmp_path, group_size=2,
                               groups_per_step=per_step, max_off_policy=max_off_policy, concurrency=1, seed=seed,
                               task_sampling=task_sampling, first_slot=first_slot)
@@ -94,7 +95,7 @@ def test_a_resumed_sampler_continues_the_sequence(tmp_path: Path, monkeypatch) -
 def test_a_group_dropped_as_stale_hands_its_family_to_its_replacement(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(rollouts, "play", instant_play)
     backend = Versioned()
-    s = rollouts.GroupSampler(backend=backend, task_paths=TASKS, rng=random.Random(0),
+    s = rollouts.GroupSampler(backend=backend, executor=InlineExecutor(), task_paths=TASKS, rng=random.Random(0),
                               episode_config=EpisodeConfig(), runs_dir=tmp_path, group_size=2, groups_per_step=1,
                               max_off_policy=0, concurrency=1, seed=0)
     try:

@@ -127,8 +127,9 @@ def test_make_executor_picks_local_and_ray():
     from ait.harness.types import EpisodeConfig
 
     assert isinstance(make_executor(EpisodeConfig()), InlineExecutor)
+    # A new pool each call: its owner (one `ait episode`, `ait eval`, outer run) shares it among its episodes.
     local = make_executor(EpisodeConfig(executor="local"))
-    assert isinstance(local, LocalExecutor) and local is make_executor(EpisodeConfig(executor="local"))
+    assert isinstance(local, LocalExecutor) and local is not make_executor(EpisodeConfig(executor="local"))
     ray_exec = make_executor(EpisodeConfig(executor="ray", ray_address="127.0.0.1:6379", job_wait_s=5))
     assert isinstance(ray_exec, RayExecutor) and (ray_exec.address, ray_exec.wait_s) == ("127.0.0.1:6379", 5)
 

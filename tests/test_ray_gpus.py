@@ -246,31 +246,33 @@ def test_a_ray_worker_process_killed_mid_job_loses_no_job_and_runs_none_twice(ra
 
 
 def test_outer_loop_on_ray_holds_the_agents_gpu_and_spreads_episode_jobs(ray, tmp_path, monkeypatch):
-    from ait.compute.executors import make_executor
-    from ait.compute.ray_executor import RayExecutor, close_shared_slots, shared_slots
-    from ait.harness.types import EpisodeConfig
+    from ait.compute.executors import InlineExecutor
+    from ait.compute.ray_executor import RayExecutor
     from ait.outer.config import OuterConfig
-    from ait.outer.loop import configure_ray_slots
+    from ait.outer.loop import job_executor
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    config = OuterConfig(jobs_per_gpu=2, trainer={"device": "cuda"}, episode={"executor": "ray"})
+    config = OuterConfig(jobs_per_gpu=2, trainer={"device": "cuda"}, episode={"executor": "ray", "job_wait_s": 60})
+    executor, moved = job_executor(config)
     try:
-        moved = configure_ray_slots(config)
-        pool = shared_slots()
+        pool = executor.pool  # the one pool every episode of the run shares
+        assert isinstance(executor, RayExecutor) and executor.wait_s == 60
         assert pool is not None and pool.agent_gpus == 0.5 and len(pool.actors) == 7
         assert moved.trainer.device == f"cuda:{pool.agent_gpu}"  # the agent trains on the GPU share Ray holds for it
-        executor = make_executor(EpisodeConfig(executor="ray", job_wait_s=60))
-        assert isinstance(executor, RayExecutor) and executor.pool is pool
-        # The same pool for every episode: a second configure (a resumed run) replaces it, never adds one.
-        assert configure_ray_slots(config.model_copy(update={"trainer": config.trainer.model_copy(
-            update={"device": "cpu"})})).trainer.device == "cpu"
-        assert shared_slots().agent is None and len(shared_slots().actors) == 8  # no agent on a GPU: no share
-        with pytest.raises(ValueError, match="trainer.device"):
-            configure_ray_slots(config.model_copy(update={"trainer": config.trainer.model_copy(
-                update={"device": "cuda:9"})}))
     finally:
-        close_shared_slots()
-    assert configure_ray_slots(OuterConfig()) == OuterConfig()  # not executor = ray: nothing set up
+        executor.close()  # the run closes its pool: the next one (a resumed run) places its own
+    assert pool.actors == [] and pool.agent is None
+    executor, same = job_executor(config.model_copy(update={"trainer": config.trainer.model_copy(
+        update={"device": "cpu"})}))
+    try:
+        assert same.trainer.device == "cpu"
+        assert executor.pool.agent is None and len(executor.pool.actors) == 8  # no agent on a GPU: no share
+    finally:
+        executor.close()
+    with pytest.raises(ValueError, match="trainer.device"):
+        job_executor(config.model_copy(update={"trainer": config.trainer.model_copy(update={"device": "cuda:9"})}))
+    executor, same = job_executor(OuterConfig())  # not executor = ray: no pool, nothing placed
+    assert isinstance(executor, InlineExecutor) and same == OuterConfig()
 
 
 def sleepy_job(job: Job, env: dict[str, str]) -> JobResult:

@@ -52,7 +52,6 @@ def test_an_episode_with_uplift_recomputes_exactly(tmp_path, monkeypatch):
     import ait.train.models as models
 
     memo_probe(monkeypatch)
-    fake_executor(monkeypatch, ok_result(pre=0.31, post=0.67, train_seconds=123.4))
     monkeypatch.setattr(models, "model_availability", lambda name: None if name == "tiny" else "not here (test)")
     spec = load_spec(TASK)
     store = BaselineStore(tmp_path / "b.json")
@@ -60,7 +59,7 @@ def test_an_episode_with_uplift_recomputes_exactly(tmp_path, monkeypatch):
     store.freeze(Baseline(family=spec.family, base_model="smollm2-135m", weights_sha256="f" * 64, setup="s" * 16,
                           fingerprint=eval_fingerprint(spec, 200), best_pre=0.9, n=200))
     result = run_episode(spec, TASK, ReferencePolicy(), EpisodeConfig(), runs_dir=tmp_path / "runs",
-                         baselines=store)
+                         baselines=store, executor=fake_executor(ok_result(pre=0.31, post=0.67, train_seconds=123.4)))
     assert result.reward.best_pre == 0.31 and "smollm2-135m" in result.baseline.excluded
     code, out = recompute(Path(result.run_dir), tmp_path / "b.json")
     assert code == 0 and out["match"], out

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 from test_harness import FakeExecutor, Scripted, call, ok_result, tool_results
 
-import ait.harness.episode as episode_mod
 from ait.evals.baselines import BaselineStore
 from ait.evals.hidden import _digest, hidden_examples
 from ait.families import FAMILIES
@@ -230,7 +229,6 @@ def test_a_submission_always_trains_against_the_trusted_module(tmp_path, monkeyp
     runs with the trusted one."""
     monkeypatch.setenv("AIT_HOME", str(tmp_path / "home"))
     jobs = []
-    monkeypatch.setattr(episode_mod, "make_executor", lambda config: FakeExecutor(ok_result(), jobs))
     task = ROOT / "examples" / "tasks" / "calc_chain.json"
     job = reference_job("calc_chain")
     policy = Scripted([[call("write_file", {"path": "task_tools.py", "content": "X = 1\n"}),
@@ -238,7 +236,7 @@ def test_a_submission_always_trains_against_the_trusted_module(tmp_path, monkeyp
                         call("write_file", {"path": "env.py", "content": TAMPER + job["env.py"]})],
                        [call("submit_job")]])
     result = run_episode(load_spec(task), task, policy, runs_dir=tmp_path / "runs",
-                         baselines=BaselineStore(tmp_path / "b.json"))
+                         baselines=BaselineStore(tmp_path / "b.json"), executor=FakeExecutor(ok_result(), jobs))
     assert [s.report.valid for s in result.submissions] == [True], result.submissions[0].report.summary()
     refused = tool_results(result, "write_file")[0]
     assert "read-only" in refused, refused

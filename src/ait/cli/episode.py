@@ -109,25 +109,27 @@ def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path
             agent.base_model = agent.settings["base_model"] = base_model
         if preflight and (problem := getattr(agent, "preflight", lambda: None)()):  # after the offline checks
             raise ValueError(problem)
-        make_executor(cfg)  # fail now, not mid-episode, if the executor cannot start (e.g. Ray missing)
+        jobs = make_executor(cfg)  # fail now, not mid-episode, if the executor cannot start (e.g. Ray missing)
     except typer.Exit:  # fail() above already said it (click's Exit is a RuntimeError)
         raise
     except (ConfigError, ValueError, RuntimeError) as e:
         fail(str(e))
-    root = writable_dir(runs_dir or runs_root(), "--runs-dir")
     try:
-        require_isolation()
-    except SandboxUnavailable as e:
-        fail(str(e))
-    try:
+        root = writable_dir(runs_dir or runs_root(), "--runs-dir")
+        try:
+            require_isolation()
+        except SandboxUnavailable as e:
+            fail(str(e))
         with progress_reporter(f"episode on {spec.id}", quiet=as_json) as report:
-            result = run_episode(spec, path, agent, cfg, runs_dir=root, on_event=report)
+            result = run_episode(spec, path, agent, cfg, runs_dir=root, on_event=report, executor=jobs)
     except EpisodeInterrupted as e:
         common.interrupt_reported = True
         err.print(f"[yellow]interrupted[/]: episode recorded in {escape(e.result.run_dir)} (stop reason "
                   f"interrupted; its job, if one ran, was stopped and its seconds are in the ledger)", highlight=False,
                   soft_wrap=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    finally:
+        jobs.close()
     if as_json:
         print(result.model_dump_json(indent=2))
     else:

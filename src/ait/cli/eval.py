@@ -152,6 +152,7 @@ def run_plan(plan, out: Path, as_json: bool) -> None:
     from ait.agent_eval.report import write_eval_report
     from ait.agent_eval.runner import finished, run_eval
     from ait.cli.episode import progress_reporter, writable_dir
+    from ait.compute.executors import make_executor
     from ait.harness.episode import run_episode
     from ait.sandbox import SandboxUnavailable, require_isolation
 
@@ -171,9 +172,14 @@ def run_plan(plan, out: Path, as_json: bool) -> None:
 
     config = plan.episode_config()
     stopping = threading.Event()
+    try:
+        jobs = make_executor(config)  # one pool for every episode of the eval (they run at once)
+    except RuntimeError as e:  # e.g. --executor ray without Ray installed
+        fail(str(e))
 
     def play(spec, path, runs, run_id):
-        return run_episode(spec, path, Stoppable(new_policy(), stopping), config, runs_dir=runs, run_id=run_id)
+        return run_episode(spec, path, Stoppable(new_policy(), stopping), config, runs_dir=runs, run_id=run_id,
+                           executor=jobs)
 
     try:
         with progress_reporter(f"eval of {plan.policy}: {len(specs)} task(s) x {plan.episodes}",
@@ -184,6 +190,8 @@ def run_plan(plan, out: Path, as_json: bool) -> None:
         err.print(f"[yellow]interrupted[/]: finished episodes kept in {escape(str(out))}; "
                   f"`ait eval --resume {escape(str(out))}` runs the rest", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
+    finally:
+        jobs.close()
     report: Path | None = None
     try:
         report = write_eval_report(results, out / "report.html")

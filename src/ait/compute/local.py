@@ -175,8 +175,8 @@ class LocalLauncher:
 
 
 class LocalExecutor:
-    """`ait episode --executor local`: run the job in a slot of a pool shared by every
-    episode of this process, so concurrent episodes never share a GPU they were not packed on.
+    """`ait episode --executor local`: run the job in a slot of this pool, which its owner shares among
+    every episode it starts, so concurrent episodes never share a GPU they were not packed on.
     Jobs packed on one GPU are admitted by estimated memory (ait.compute.gpu_memory); a packed
     job that runs out of memory, or dies of a GPU fault, is re-run alone, so packing never fails a
     job that fits and runs alone: under CUDA MPS a fatal fault in any one client (an illegal memory
@@ -198,7 +198,7 @@ class LocalExecutor:
         self._started: set[str] = set()  # job ids that got a slot and their GPU's admission
         self._cancelled: set[str] = set()  # job ids given up on before they started: never start them
 
-    def run(self, job: Job) -> JobResult:
+    def run(self, job: Job, on_event: Callable[[str], None] | None = None) -> JobResult:
         env = self._free.get()  # blocks while every slot is busy
         try:
             return run_admitted(self.ledger, self.job_fn, job, env, self.model_packing,
@@ -224,6 +224,9 @@ class LocalExecutor:
         with self._lock:
             if job.job_id not in self._started:
                 self._cancelled.add(job.job_id)
+
+    def close(self) -> None:
+        pass  # jobs run on their callers' threads: the pool holds nothing to release
 
 
 class NotStarted(Exception):
@@ -295,16 +298,3 @@ def estimate_gib(job: Job, logit_budget: int = LOGIT_BUDGET) -> float:
         return estimate_job_gib(job, resolve_base_model(job.config.job.base_model).path, logit_budget)
     except Exception:  # noqa: BLE001 - the job itself will fail with the real reason
         return 0.0
-
-
-_shared: LocalExecutor | None = None
-_shared_lock = threading.Lock()
-
-
-def shared_local_executor() -> LocalExecutor:
-    """The process-wide local executor: one slot per visible GPU, or one CPU slot."""
-    global _shared
-    with _shared_lock:  # episodes start in parallel threads; they must share one pool
-        if _shared is None:
-            _shared = LocalExecutor(slot_envs(None, detect_gpus()))
-        return _shared

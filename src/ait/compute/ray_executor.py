@@ -23,6 +23,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -397,40 +398,20 @@ class RayLauncher:
         self._threads.shutdown(wait=False, cancel_futures=True)
 
 
-_shared: RaySlots | None = None
-_shared_lock = threading.Lock()
-
-
-def configure_shared_slots(address: str | None, *, jobs_per_gpu: int = 1, agent_gpus: float = 0.0,
-                           cpus_per_job: float = 1.0, job_fn: JobFn = run_job_in_slot) -> RaySlots:
-    """One pool of job slots for every episode of this process (the outer loop): `make_executor`
-    then runs each episode's job on it instead of as a task of its own."""
-    global _shared
-    with _shared_lock:
-        if _shared is not None:
-            _shared.close()
-        ray = init_ray(address)
-        use_gpus = ray.cluster_resources().get("GPU", 0) >= 1
-        _shared = RaySlots(ray, use_gpus=use_gpus, jobs_per_gpu=jobs_per_gpu, cpus_per_job=cpus_per_job,
-                           agent_gpus=agent_gpus if use_gpus else 0.0, job_fn=job_fn)
-        return _shared
-
-
-def shared_slots() -> RaySlots | None:
-    return _shared
-
-
-def close_shared_slots() -> None:
-    global _shared
-    with _shared_lock:
-        if _shared is not None:
-            _shared.close()
-        _shared = None
+def place_slots(address: str | None, *, jobs_per_gpu: int = 1, agent_gpus: float = 0.0,
+                cpus_per_job: float = 1.0, job_fn: JobFn = run_job_in_slot) -> RaySlots:
+    """One pool of job slots on the Ray at `address` for every episode of one owner (the outer loop):
+    given to a RayExecutor, each episode's job runs on it instead of as a task of its own."""
+    ray = init_ray(address)
+    use_gpus = ray.cluster_resources().get("GPU", 0) >= 1
+    return RaySlots(ray, use_gpus=use_gpus, jobs_per_gpu=jobs_per_gpu, cpus_per_job=cpus_per_job,
+                    agent_gpus=agent_gpus if use_gpus else 0.0, job_fn=job_fn)
 
 
 class RayExecutor:
     """`ait episode --executor ray`: one job as one Ray task (a whole GPU when the cluster has one),
-    or on a job slot of the pool the outer loop configured (`pool`); wait for it."""
+    or on a job slot of `pool` (the outer loop's: place_slots); wait for it. The executor owns the
+    pool it is given: `close` kills its slots."""
 
     def __init__(self, address: str | None, wait_s: float, job_fn: JobFn = run_job_in_slot,
                  pool: RaySlots | None = None) -> None:
@@ -449,12 +430,16 @@ class RayExecutor:
         if ref is not None:
             import_ray().cancel(ref, force=True)
 
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
     def started(self, job: Job) -> bool:
         # On the pool, once it has a slot. A lone Ray task's start is not observed from here: it
         # counts as started from its submission, so the deadline charges its wait to the job.
         return self.pool.started(job) if self.pool is not None else job.job_id in self._refs
 
-    def run(self, job: Job) -> JobResult:
+    def run(self, job: Job, on_event: Callable[[str], None] | None = None) -> JobResult:
         ray = init_ray(self.address)
         if self.pool is not None:
             return self._run_on_pool(ray, job)

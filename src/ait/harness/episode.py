@@ -6,24 +6,28 @@
 
 With EpisodeConfig.timeout_s the episode has a wall-clock deadline: past it no further turn
 is taken, a running job is killed, and the episode ends as `timeout`, scored as it stood.
+
+Why an episode ended is decided in one method, Episode.decide, asked at each point of a turn
+where it may end (At) and once more when it is scored; it sets Episode.stop. Tools only record
+what happened (a job not run for its cost, a job stopped at the deadline); decide reads that.
 """
 
 from __future__ import annotations
 
 import shutil
-import threading
 import time
 import tomllib
+from enum import Enum
 from importlib.resources import files
 from pathlib import Path
 from typing import Callable
 
-from ait.compute.executors import cancel_job, make_executor
+from ait.compute.executors import Executor, cancel_job, make_executor
 from ait.evals.baselines import BaselineStore
 from ait.evals.best_pre import BestPre, best_pre
 from ait.harness import jobs as jobs_
 from ait.harness.tools import TOOL_SCHEMAS, EpisodeTools
-from ait.harness.types import (EpisodeConfig, EpisodeResult, JobRecord, Message, PolicyStop, StopReason,
+from ait.harness.types import (EpisodeConfig, EpisodeResult, JobRecord, Message, PolicyStop, Stop, StopReason,
                                Submission)
 from ait.harness.workspace_tools import WorkspaceTools
 from ait.job import task_tools
@@ -69,23 +73,41 @@ def opening_messages(spec: TaskSpec) -> list[Message]:
             Message(role="user", content=f"Task: {spec.description}\nRead INSTRUCTIONS.md and task.json.")]
 
 
+class At(Enum):
+    """The points of an episode where it may end: Episode.decide is asked at each."""
+
+    before_call = "before_call"      # a turn is about to call the policy
+    policy_raised = "policy_raised"  # the call raised instead of replying
+    after_call = "after_call"        # the policy replied
+    no_tool_call = "no_tool_call"    # ... and called no tool
+    tool_call = "tool_call"          # a tool call was answered
+    turns_used = "turns_used"        # every one of max_turns turns was taken
+    interrupted = "interrupted"      # Ctrl-C
+    scored = "scored"                # the loop is over and the baseline is known: the verdict
+
+
 class Episode:
-    """State of one episode; `run_loop` is the loop."""
+    """State of one episode; `run_loop` is the loop, `decide` says when and why it ends."""
 
     def __init__(self, spec: TaskSpec, task_path: Path, policy: Policy, config: EpisodeConfig,
-                 run: RunDir, baselines: BaselineStore, meter: Meter,
+                 run: RunDir, baselines: BaselineStore, meter: Meter, executor: Executor,
                  on_event: Callable[[str], None] | None = None):
         self.spec, self.task_path, self.policy, self.config, self.run = spec, task_path, policy, config, run
+        self.executor = executor  # its owner's (shared with the episodes beside this one): never closed here
         self.on_event = on_event or (lambda _msg: None)
         self.baselines, self.meter = baselines, meter
         self.submissions: list[Submission] = []
         self.jobs: list[JobRecord] = []
         self.valid_attempt: int | None = None
-        self.budget_stop: str | None = None  # set when a valid job was not run: it would pass a budget
         self.deadline = None if config.timeout_s is None else time.monotonic() + config.timeout_s
-        self.timed_out = False  # the wall-clock limit passed; the episode is scored as it stood
         self.chosen: int | None = None  # the job the agent chose with select_job (an index into jobs)
         self.turns = 0  # policy turns started
+        self.nudges = 0  # reminders to submit sent
+        # What the tools saw, for decide: a valid job not run because it would pass a budget (why), and
+        # a job stopped because the deadline passed while it ran or waited for a slot.
+        self.job_not_run: str | None = None
+        self.job_cut_at_deadline = False
+        self.stop: Stop | None = None  # how the episode ended: set by decide, nowhere else
         seed_workspace(run.workspace, spec)
         files_ = WorkspaceTools(run.workspace, read_only=READ_ONLY)
         self.tools = EpisodeTools(files_, spec, submit=self.submit_job, select=self.select_job, baselines=baselines,
@@ -112,43 +134,31 @@ class Episode:
         self.run.log("select_job", job=job)
         return f"job {job} is the one this episode is scored on"
 
-    def run_loop(self) -> tuple[StopReason, int, str | None]:
+    def run_loop(self) -> Stop:
+        """The turns: the policy replies, its tool calls are answered, until decide ends the episode."""
         messages = opening_messages(self.spec)
         for m in messages:
             self.run.log("message", **m.model_dump())
         self.policy.reset(self.spec)
-        nudges = 0
         for turn in range(1, self.config.max_turns + 1):
             self.turns = turn
-            # Before the call: stop if it would pass a budget (estimated at the last call's price).
-            if why := self.meter.over_budget(self.meter.last_call_usd):
-                return self.stop_for_budget(turn - 1, why)
-            if self.past_deadline():
-                return self.stop_for_timeout(turn - 1)
+            if stop := self.decide(At.before_call, turn):
+                return stop
             t0 = time.monotonic()
             try:
                 reply = self.policy.act(messages, TOOL_SCHEMAS)
-            except PolicyStop as e:
-                self.run.log("policy_stop", reason=e.reason.value, error=str(e), retries=self.failed_call(e))
-                return e.reason, turn, str(e)
-            except Exception as e:
-                self.run.log("policy_error", error=f"{type(e).__name__}: {e}", retries=self.failed_call(e))
-                return StopReason.policy_error, turn, f"{type(e).__name__}: {e}"
+            except Exception as e:  # a call that never answered is metered, then the episode ends
+                return self.decide(At.policy_raised, turn, error=e, retries=self.failed_call(e))
             if reply.usage is not None:
                 reply = reply.model_copy(update={"usage": self.meter.record_llm(reply.usage, self.policy.name)})
             messages.append(reply)
             self.run.log("message", turn=turn, seconds=round(time.monotonic() - t0, 3), **reply.model_dump())
-            # After the call: if it passed a budget, stop before acting on it.
-            if why := self.meter.over_budget():
-                return self.stop_for_budget(turn, why)
-            if self.past_deadline():  # the reply came too late to act on
-                return self.stop_for_timeout(turn)
+            if stop := self.decide(At.after_call, turn):
+                return stop
             if not reply.tool_calls:
-                if self.jobs:  # the agent is done refining
-                    return StopReason.job_done, turn, None
-                if nudges >= self.config.max_nudges:
-                    return (StopReason.agent_stopped if self.submissions else StopReason.no_submission), turn, None
-                nudges += 1
+                if stop := self.decide(At.no_tool_call, turn):
+                    return stop
+                self.nudges += 1
                 messages.append(Message(role="user", content=self.nudge()))
                 self.run.log("message", turn=turn, nudge=True, **messages[-1].model_dump())
                 continue
@@ -159,14 +169,82 @@ class Episode:
                 messages.append(Message(role="tool", content=result, tool_call_id=call.id, name=call.name))
                 self.run.log("tool_result", turn=turn, tool=call.name, call_id=call.id, content=result,
                              seconds=round(time.monotonic() - t0, 3), malformed_total=self.tools.malformed)
-                if stop := self.finished():
-                    return (self.stop_for_timeout(turn) if stop is StopReason.timeout
-                            else (stop, turn, self.budget_stop))
-                if 0 < self.config.max_repeated_errors <= self.tools.repeated_errors:
-                    why = f"the same {call.name} call failed the same way {self.tools.repeated_errors} times in a row"
-                    self.run.log("stuck", reason=why, turn=turn)
-                    return StopReason.stuck, turn, why
-        return StopReason.turn_cap, self.config.max_turns, None
+                if stop := self.decide(At.tool_call, turn, tool=call.name):
+                    return stop
+        return self.decide(At.turns_used, self.config.max_turns)
+
+    def decide(self, at: At, turn: int = 0, *, error: Exception | None = None, retries: list[dict] | None = None,
+               tool: str = "", baseline: BestPre | None = None, note: str | None = None) -> Stop | None:
+        """Whether the episode ends at point `at` of turn `turn`, and why: the one place an episode's end
+        is decided. A stop is recorded (self.stop, and the trajectory's event for it) and returned;
+        None: the episode goes on. At.scored, once the baseline is known, gives the final verdict on
+        the stop the loop (or Ctrl-C) ended with."""
+        stop = None
+        if at in (At.before_call, At.after_call):
+            taken = turn - 1 if at is At.before_call else turn
+            # Before the call: would it pass a budget (estimated at the last call's price)? After it: did
+            # it pass one? Either way nothing more is acted on; nor is a reply that came too late.
+            if why := self.meter.over_budget(self.meter.last_call_usd if at is At.before_call else 0.0):
+                self.run.log("budget_stop", reason=why, **self.meter.summary.metrics())
+                stop = Stop(reason=StopReason.budget, turns=taken, error=why)
+            elif self.past_deadline():
+                stop = self.timeout(taken)
+        elif at is At.policy_raised:
+            if isinstance(error, PolicyStop):  # a known reason: its context is full, the outer run is stopping
+                self.run.log("policy_stop", reason=error.reason.value, error=str(error), retries=retries)
+                stop = Stop(reason=error.reason, turns=turn, error=str(error))
+            else:
+                why = f"{type(error).__name__}: {error}"
+                self.run.log("policy_error", error=why, retries=retries)
+                stop = Stop(reason=StopReason.policy_error, turns=turn, error=why)
+        elif at is At.no_tool_call:  # the agent stopped talking: done, or nudged to submit until nudges run out
+            if self.jobs:  # done refining
+                stop = Stop(reason=StopReason.job_done, turns=turn)
+            elif self.nudges >= self.config.max_nudges:
+                reason = StopReason.agent_stopped if self.submissions else StopReason.no_submission
+                stop = Stop(reason=reason, turns=turn)
+        elif at is At.tool_call:  # what the call did (submit_job ran a job, or did not) may end the episode
+            if self.job_cut_at_deadline:  # its job was killed, or cancelled still waiting, at the deadline
+                stop = self.timeout(turn)
+            elif self.job_not_run:  # its job was valid but would have passed a budget
+                stop = Stop(reason=StopReason.budget, turns=turn, error=self.job_not_run)
+            elif len(self.jobs) >= self.config.max_jobs and self.config.max_jobs == 1:
+                # With several jobs the agent may still select_job: it stops by replying.
+                stop = Stop(reason=StopReason.job_done, turns=turn)
+            elif self.invalid_attempts() >= self.spec.max_submission_attempts:
+                stop = Stop(reason=StopReason.job_done if self.jobs else StopReason.attempts_exhausted, turns=turn)
+            elif self.past_deadline():
+                stop = self.timeout(turn)
+            elif 0 < self.config.max_repeated_errors <= self.tools.repeated_errors:
+                why = f"the same {tool} call failed the same way {self.tools.repeated_errors} times in a row"
+                self.run.log("stuck", reason=why, turn=turn)
+                stop = Stop(reason=StopReason.stuck, turns=turn, error=why)
+        elif at is At.turns_used:
+            stop = Stop(reason=StopReason.turn_cap, turns=turn)
+        elif at is At.interrupted:
+            self.run.log("interrupted", turns=turn)
+            stop = Stop(reason=StopReason.interrupted, turns=turn, error="interrupted (Ctrl-C)")
+        elif at is At.scored:
+            assert self.stop is not None, "scored before the loop ended"
+            # A scored job that failed for a reason outside the agent's code, or a best_pre that could not be
+            # measured, makes the episode infra_error: recorded, but no verdict on the agent (the outer loop
+            # leaves it out). Otherwise it ends as it stopped, with the policy's note (e.g. tool calls
+            # written as text the whole episode) beside the error.
+            if why := infra_failure(self.job_result, baseline):
+                stop = Stop(reason=StopReason.infra_error, turns=self.stop.turns, error=why)
+            elif note:
+                error_ = f"{self.stop.error}; {note}" if self.stop.error else note
+                stop = self.stop.model_copy(update={"error": error_})
+            else:
+                stop = self.stop
+        if stop is not None:
+            self.stop = stop
+        return stop
+
+    def timeout(self, turns: int) -> Stop:
+        why = f"the episode's wall-clock limit of {self.config.timeout_s:g}s passed"
+        self.run.log("timeout", reason=why, turns=turns)
+        return Stop(reason=StopReason.timeout, turns=turns, error=why)
 
     def failed_call(self, error: BaseException) -> list[dict]:
         """A call that never answered still took time (attempts, backoff waits): metered as a failed
@@ -177,35 +255,11 @@ class Episode:
         retries = getattr(error, "retries", None) or (getattr(usage, "retries", None) if usage else None) or []
         return [r.model_dump() if hasattr(r, "model_dump") else r for r in retries]
 
-    def finished(self) -> StopReason | None:
-        """Whether the last tool call ended the episode."""
-        if self.timed_out:  # a job was killed at the deadline
-            return StopReason.timeout
-        if self.budget_stop:
-            return StopReason.budget
-        if len(self.jobs) >= self.config.max_jobs and self.config.max_jobs == 1:
-            return StopReason.job_done  # with several jobs the agent may still select_job; it stops by replying
-        if self.invalid_attempts() >= self.spec.max_submission_attempts:
-            return StopReason.job_done if self.jobs else StopReason.attempts_exhausted
-        if self.past_deadline():
-            return StopReason.timeout
-        return None
-
-    def stop_for_budget(self, turns: int, why: str) -> tuple[StopReason, int, str]:
-        self.run.log("budget_stop", reason=why, **self.meter.summary.metrics())
-        return StopReason.budget, turns, why
-
     def past_deadline(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
     def seconds_left(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
-
-    def stop_for_timeout(self, turns: int) -> tuple[StopReason, int, str]:
-        self.timed_out = True
-        why = f"the episode's wall-clock limit of {self.config.timeout_s:g}s passed"
-        self.run.log("timeout", reason=why, turns=turns)
-        return StopReason.timeout, turns, why
 
     def invalid_attempts(self) -> int:
         return sum(not s.report.valid for s in self.submissions)
@@ -248,8 +302,8 @@ class Episode:
                   eval_size=self.config.eval_size, trainer=self.config.trainer)
         estimate = jobs_.estimate_job_usd(self.config, job.time_budget_s, self.meter.prices)
         if why := self.meter.over_budget(estimate):
-            self.budget_stop = f"job not run: {why}"
-            self.run.log("budget_stop", reason=self.budget_stop, attempt=attempt, **self.meter.summary.metrics())
+            self.job_not_run = f"job not run: {why}"
+            self.run.log("budget_stop", reason=self.job_not_run, attempt=attempt, **self.meter.summary.metrics())
             return f"job valid (attempt {attempt}) but not run: it would pass the episode's budget"
         self.on_event(f"training and evaluating ({report.config.job.base_model})")
         result = self.run_job(job)
@@ -260,13 +314,12 @@ class Episode:
         recorded as failed (timeout), and the episode ends as timed out. Interrupted (Ctrl-C), the
         job is stopped (its processes killed, its queue entry cancelled) and recorded as killed, with
         the seconds it ran in the ledger, before the interrupt goes on."""
-        executor = make_executor(self.config)
-        if hasattr(executor, "on_event"):  # the queue says what it waits on (a worker, a free slot)
-            executor.on_event = self.on_event
+        executor = self.executor
         start = time.monotonic()
         try:
             left = self.seconds_left()
-            result = executor.run(job) if left is None else run_until(executor, job, left)
+            result = (executor.run(job, on_event=self.on_event) if left is None
+                      else jobs_.run_until(executor, job, left, self.on_event))
         except KeyboardInterrupt:
             cancel_job(executor, job)
             spent = time.monotonic() - start
@@ -279,14 +332,14 @@ class Episode:
             # Still waiting for a slot or a GPU when the time ran out: other work held it up, so this
             # is not the agent's timeout. It is cancelled (it never starts) and the episode is infra.
             cancel_job(executor, job)
-            self.timed_out = True
+            self.job_cut_at_deadline = True
             self.run.log("job_never_started", job_id=job.job_id, waited_s=round(time.monotonic() - start, 3))
             return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.infra,
                              base_model=job.config.job.base_model, total_seconds=0.0,
                              error=f"the episode's wall-clock limit passed after {time.monotonic() - start:.0f}s "
                                    f"while the job still waited for a slot (executor {self.config.executor}): it never ran")
         if result is None:
-            self.timed_out = True
+            self.job_cut_at_deadline = True
             self.run.log("job_timeout", job_id=job.job_id, seconds_left=0.0)
             return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.timeout,
                              base_model=job.config.job.base_model,
@@ -325,39 +378,6 @@ class Episode:
         return best_pre(self.spec, job.eval_n, self.baselines, own=job)
 
 
-def run_until(executor, job: Job, seconds: float) -> JobResult | None:
-    """executor.run(job) if it returns within `seconds`, else None. A job still running then is
-    killed: its processes (children of this process working in the job's directory, as the inline
-    and local executors start them) are killed until the executor returns, so a job that was
-    still waiting for a slot dies as soon as it starts. A queue or Ray job keeps its own limits."""
-    from ait.compute.local import kill_job_processes
-
-    box: dict[str, object] = {}
-    done = threading.Event()
-
-    def target() -> None:
-        try:
-            box["result"] = executor.run(job)
-        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
-            box["error"] = e
-        finally:
-            done.set()
-
-    threading.Thread(target=target, name=f"job-{job.job_id}", daemon=True).start()
-    if done.wait(seconds):
-        if "error" in box:
-            raise box["error"]  # type: ignore[misc]
-        return box["result"]  # type: ignore[return-value]
-
-    def reap() -> None:
-        kill_job_processes(job)
-        while not done.wait(1.0):
-            kill_job_processes(job)
-
-    threading.Thread(target=reap, name=f"reap-{job.job_id}", daemon=True).start()
-    return None
-
-
 class EpisodeInterrupted(KeyboardInterrupt):
     """Ctrl-C ended the episode; it was recorded first (episode.json, stop reason `interrupted`)."""
 
@@ -376,17 +396,15 @@ def stop_probe() -> None:
     probe_zygote.cache_clear()
 
 
-def infra_verdict(stop: StopReason, error: str | None, job: JobResult | None,
-                  baseline: BestPre | None) -> tuple[StopReason, str | None]:
-    """An episode whose scored job failed for a reason outside the agent's code (the eval or the
-    worker failed, the base model stopped resolving), or whose best_pre could not be measured, ends
-    as infra_error: recorded, but not a verdict on the agent (the outer loop leaves it out)."""
+def infra_failure(job: JobResult | None, baseline: BestPre | None) -> str | None:
+    """What failed outside the agent's code, if anything: the scored job's eval or worker (or its base
+    model stopped resolving), or the measurement of best_pre. Episode.decide ends such an episode as
+    infra_error."""
     if job is not None and job.fail_reason is FailReason.infra:
-        return StopReason.infra_error, f"infrastructure: {(job.error or '').splitlines()[0][:300]}"
+        return f"infrastructure: {(job.error or '').splitlines()[0][:300]}"
     if baseline is not None and not baseline.complete:
-        return StopReason.infra_error, "infrastructure: " + "; ".join(
-            f"{name}: {why}" for name, why in baseline.failed.items())
-    return stop, error
+        return "infrastructure: " + "; ".join(f"{name}: {why}" for name, why in baseline.failed.items())
+    return None
 
 
 def job_toml_parses(workspace: Path) -> bool:
@@ -399,9 +417,18 @@ def job_toml_parses(workspace: Path) -> bool:
 
 def run_episode(spec: TaskSpec, task_path: str | Path, policy: Policy, config: EpisodeConfig | None = None,
                 runs_dir: str | Path | None = None, baselines: BaselineStore | None = None,
-                run_id: str | None = None, on_event: Callable[[str], None] | None = None) -> EpisodeResult:
+                run_id: str | None = None, on_event: Callable[[str], None] | None = None,
+                executor: Executor | None = None) -> EpisodeResult:
+    """One episode. `executor` runs its jobs: its owner's, shared with the episodes beside this one
+    (ait.compute.executors); without one, the episode builds its own from `config` and closes it."""
     config = config or EpisodeConfig()
     sandbox = require_isolation()  # before anything is written: no episode without a sandbox (or the override)
+    if executor is None:  # nobody shares one with this episode: it owns one
+        owned = make_executor(config)
+        try:
+            return run_episode(spec, task_path, policy, config, runs_dir, baselines, run_id, on_event, owned)
+        finally:
+            owned.close()
     start = time.monotonic()
     run_id = run_id or new_run_id()
     root = Path(runs_dir or runs_root())
@@ -413,24 +440,23 @@ def run_episode(spec: TaskSpec, task_path: str | Path, policy: Policy, config: E
                                      "config": config.model_dump(), "versions": versions(), "sandbox": sandbox,
                                      "started_at": time.time()})
     episode = Episode(spec, Path(task_path).resolve(), policy, config, run, baselines or BaselineStore(), meter,
-                      on_event)
+                      executor, on_event)
     interrupted = False
     try:
-        stop, turns, error = episode.run_loop()
+        episode.run_loop()
     except KeyboardInterrupt:  # recorded, then passed on: the caller still sees the interrupt
         interrupted = True
-        stop, turns, error = StopReason.interrupted, episode.turns, "interrupted (Ctrl-C)"
         stop_probe()
-        run.log("interrupted", turns=turns)
+        episode.decide(At.interrupted, episode.turns)
     if episode.jobs:  # the agent's choice, if it made one after its last job, is in by now
         run.write_json("job_result.json", episode.job_result)
+    note = None
     if (diagnostics := getattr(policy, "diagnostics", None)) is not None:
         found = diagnostics()  # e.g. tool calls written as text the whole episode: say so in the result
         run.log("policy_diagnostics", **found)
-        if note := found.get("note"):
-            error = f"{error}; {note}" if error else note
+        note = found.get("note")
     baseline = None if interrupted else episode.baseline()  # no baseline eval is started after Ctrl-C
-    stop, error = infra_verdict(stop, error, episode.job_result, baseline)
+    stop = episode.decide(At.scored, baseline=baseline, note=note)
     reward = compute_reward(
         parseable_submission=any(s.parseable for s in episode.submissions),
         valid_attempt=episode.valid_attempt, max_attempts=spec.max_submission_attempts,
@@ -442,12 +468,13 @@ def run_episode(spec: TaskSpec, task_path: str | Path, policy: Policy, config: E
                                            "best_pre_left_out": dict(baseline.excluded)})
     run.write_json("reward.json", reward)
     result = EpisodeResult(run_id=run_id, run_dir=str(run.path), task_id=spec.id, policy=policy.name,
-                           stop_reason=stop, turns=turns, submissions=episode.submissions, job=episode.job_result,
-                           jobs=episode.jobs, scored_job=episode.scored, chosen_job=episode.chosen, baseline=baseline,
-                           reward=reward, wall_seconds=time.monotonic() - start, error=error, cost=meter.summary,
+                           stop_reason=stop.reason, turns=stop.turns, error=stop.error, submissions=episode.submissions,
+                           job=episode.job_result, jobs=episode.jobs, scored_job=episode.scored,
+                           chosen_job=episode.chosen, baseline=baseline, reward=reward,
+                           wall_seconds=time.monotonic() - start, cost=meter.summary,
                            malformed_tool_calls=episode.tools.malformed)
     run.write_json("episode.json", result)
-    run.log("episode_end", stop_reason=stop.value, scored_job=result.scored_job,
+    run.log("episode_end", stop_reason=stop.reason.value, scored_job=result.scored_job,
             malformed_tool_calls=result.malformed_tool_calls, **reward.metrics(), **meter.summary.metrics())
     if interrupted:
         raise EpisodeInterrupted(result)

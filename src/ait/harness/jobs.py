@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
+from ait.compute.executors import Executor
 from ait.evals.dev_eval import DevScore, run_dev_eval
 from ait.harness.types import EpisodeConfig, JobRecord
 from ait.job.types import Job, JobResult
@@ -146,3 +149,37 @@ def scored_job(records: list[JobRecord], chosen: int | None = None) -> int | Non
         return -max(by_dev)[1]
     finished = [i for i, r in enumerate(records) if r.result.ok]
     return finished[-1] if finished else len(records) - 1
+
+
+def run_until(executor: Executor, job: Job, seconds: float,
+              on_event: Callable[[str], None] | None = None) -> JobResult | None:
+    """executor.run(job) if it returns within `seconds`, else None. A job still running then is
+    killed: its processes (children of this process working in the job's directory, as the inline
+    and local executors start them) are killed until the executor returns, so a job that was
+    still waiting for a slot dies as soon as it starts. A queue or Ray job keeps its own limits."""
+    from ait.compute.local import kill_job_processes
+
+    box: dict[str, object] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["result"] = executor.run(job, on_event=on_event)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name=f"job-{job.job_id}", daemon=True).start()
+    if done.wait(seconds):
+        if "error" in box:
+            raise box["error"]  # type: ignore[misc]
+        return box["result"]  # type: ignore[return-value]
+
+    def reap() -> None:
+        kill_job_processes(job)
+        while not done.wait(1.0):
+            kill_job_processes(job)
+
+    threading.Thread(target=reap, name=f"reap-{job.job_id}", daemon=True).start()
+    return None

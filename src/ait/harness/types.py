@@ -74,6 +74,17 @@ class StopReason(str, Enum):
                                                  # measured: not the agent's doing, left out of the outer loop
 
 
+class Stop(BaseModel):
+    """How an episode ended: decided in one place (ait.harness.episode.Episode.decide)."""
+
+    reason: StopReason
+    """Why it ended."""
+    turns: int
+    """Policy turns taken."""
+    error: str | None = None
+    """What went wrong, or which budget or limit stopped it."""
+
+
 class PolicyStop(Exception):
     """Raised by a policy that cannot go on for a known reason (e.g. its context is full): the
     episode ends with `reason` instead of policy_error."""

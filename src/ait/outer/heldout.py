@@ -17,10 +17,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ait.compute.executors import Executor
 from ait.harness.types import EpisodeConfig
 from ait.outer.config import OuterConfig
 from ait.outer.metrics import Episode
 from ait.outer.rollouts import play
+from ait.outer.types import TrainerBackend
 from ait.spec import load_spec
 
 START_FILE = "heldout_start.json"
@@ -31,11 +33,11 @@ def results_path(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / "heldout" / f"step-{step:05d}" / "results.json"
 
 
-def evaluate_heldout(run_dir: Path, config: OuterConfig, backend: Any, episode_config: EpisodeConfig,
-                     tasks: list[Path], stopping: threading.Event, step: int) -> list[Episode]:
+def evaluate_heldout(run_dir: Path, config: OuterConfig, backend: TrainerBackend, episode_config: EpisodeConfig,
+                     tasks: list[Path], stopping: threading.Event, step: int, executor: Executor) -> list[Episode]:
     """heldout_episodes episodes spread over the held-out `tasks` (rounded up to a whole number per
     task), at heldout_temperature, with the policy as it is after `step`'s update, on threads of
-    their own; results.json holds means with two standard errors."""
+    their own, their jobs on the run's `executor`; results.json holds means with two standard errors."""
     from ait.agent_eval.runner import run_eval
     from ait.agent_eval.types import EvalPlan
 
@@ -52,7 +54,8 @@ def evaluate_heldout(run_dir: Path, config: OuterConfig, backend: Any, episode_c
         # Not the step: every held-out evaluation replays the same seeds, so any two of them (the
         # starting policy's and a later one, say) are a paired comparison.
         seed = (config.seed * 7_919 + index) % 2**63
-        episode = play(backend, spec, path, episode_config, runs, run_id, seed, stopping, config.heldout_temperature)
+        episode = play(backend, spec, path, episode_config, runs, run_id, seed, stopping, config.heldout_temperature,
+                       executor=executor)
         played.append(episode)
         return episode.result
 

@@ -1,6 +1,7 @@
 """The outer loop: RL on the agent that writes training jobs (`ait train`).
 
     train(config, run_dir)
+      executor ← job_executor(config)                       one pool of job slots for every episode
       backend ← make_backend(config), or the latest checkpoint of run_dir (resume)
       for step in start+1 .. max_steps (while under budget_usd):
           sampler.fill()                                    groups of G episodes start on threads
@@ -34,8 +35,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ait.compute.executors import Executor, make_executor
 from ait.harness.types import EpisodeConfig
 from ait.outer import checkpoint as ckpt
 from ait.outer.backends import make_backend
@@ -44,7 +46,11 @@ from ait.outer.heldout import evaluate_heldout, heldout_transfer, restore_start,
 from ait.outer.metrics import Episode, MetricsLog, step_metrics
 from ait.outer.rollouts import GroupSampler
 from ait.outer.tasks import training_tasks
+from ait.outer.types import TrainerBackend
 from ait.runs import new_run_id, runs_root, versions
+
+if TYPE_CHECKING:
+    from ait.compute.local import LocalExecutor
 
 
 class OuterRunError(ValueError):
@@ -53,11 +59,13 @@ class OuterRunError(ValueError):
 
 @dataclass
 class Run:
-    """An open run: its directory, backend, sampler, metrics log and the state it starts from."""
+    """An open run: its directory, backend, the executor its episodes' jobs share, sampler, metrics log
+    and the state it starts from."""
 
     dir: Path
     config: OuterConfig
-    backend: Any
+    backend: TrainerBackend
+    executor: Executor
     sampler: GroupSampler
     metrics: MetricsLog
     state: ckpt.LoopState
@@ -82,12 +90,12 @@ class Run:
 
     def evaluate_heldout(self, step: int) -> list[Episode]:
         return evaluate_heldout(self.dir, self.config, self.backend, self.episode_config, self.heldout_paths,
-                                self.sampler.stopping, step)
+                                self.sampler.stopping, step, self.executor)
 
     def close(self) -> None:
-        self.sampler.close()
-        if close := getattr(self.backend, "close", None):
-            close()
+        self.sampler.close()  # waits for the episodes under way, so no job still needs the executor
+        self.backend.close()
+        self.executor.close()
 
 
 def train(config: OuterConfig | None, run_dir: str | Path | None = None, *, resume: bool = False,
@@ -172,26 +180,31 @@ def open_run(config: OuterConfig, run_dir: str | Path | None, resume: bool, say:
         say(f"warm start: {config.warmstart.steps} supervised steps on reference transcripts")
         config = with_warm_start(config, task_paths)
     state = start_run(run_dir, config, resume)
-    configure_local_slots(config)
-    config = configure_ray_slots(config, say)
-    say("loading the policy")
-    # On resume the checkpoint's adapter replaces any warm start: it is not loaded (its path may be
-    # another machine's).
-    backend = make_backend(without_init(config) if resume else config)
-    if resume:
-        backend.load(str(ckpt.latest(run_dir) / "backend"))
+    # Built before the policy: on Ray the agent's GPU share is placed first and fixes its device.
+    executor, config = job_executor(config, say)
+    try:
+        say("loading the policy")
+        # On resume the checkpoint's adapter replaces any warm start: it is not loaded (its path may be
+        # another machine's).
+        backend = make_backend(without_init(config) if resume else config)
+        if resume:
+            backend.load(str(ckpt.latest(run_dir) / "backend"))
+    except BaseException:
+        executor.close()
+        raise
     metrics = MetricsLog(run_dir / "metrics.jsonl")
     metrics.truncate_after(state.step)  # rows a crash left past the checkpoint are written again
     episodes_cfg = episode_config(config, run_dir, carried_usd=state.usd_carried)
-    sampler = GroupSampler(backend=backend, task_paths=task_paths, rng=ckpt.rng_from_json(state.rng_state),
-                           episode_config=episodes_cfg, runs_dir=run_dir / "episodes",
+    sampler = GroupSampler(backend=backend, executor=executor, task_paths=task_paths,
+                           rng=ckpt.rng_from_json(state.rng_state), episode_config=episodes_cfg, runs_dir=run_dir / "episodes",
                            group_size=config.num_generations, groups_per_step=config.groups_per_step,
                            max_off_policy=config.max_steps_off_policy, concurrency=config.concurrency,
                            seed=config.seed, groups_launched=state.groups_launched,
                            task_sampling=config.task_sampling, first_slot=state.step * config.groups_per_step)
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    return Run(dir=run_dir, config=config, backend=backend, sampler=sampler, metrics=metrics, state=state,
-               episode_config=episodes_cfg, heldout_paths=heldout_paths, lineage=manifest.get("lineage", []))
+    return Run(dir=run_dir, config=config, backend=backend, executor=executor, sampler=sampler, metrics=metrics,
+               state=state, episode_config=episodes_cfg, heldout_paths=heldout_paths,
+               lineage=manifest.get("lineage", []))
 
 
 def without_init(config: OuterConfig) -> OuterConfig:
@@ -288,12 +301,20 @@ def episode_config(config: OuterConfig, run_dir: Path, carried_usd: float = 0.0)
     return config.episode.model_copy(update=update)
 
 
-def configure_local_slots(config: OuterConfig) -> None:
-    """With executor = local, the process-wide slot pool packs `jobs_per_gpu` inner jobs per GPU; a job
-    whose base model's packing was measured on this GPU model shares its GPU with at most that K jobs
-    (ait.compute.packing.per_model: a 1.5B inner job beside one other, not seven)."""
-    if config.episode.executor != "local" or config.jobs_per_gpu == 1:
-        return
+def job_executor(config: OuterConfig, say: Callable[[str], None] = lambda _m: None) -> tuple[Executor, OuterConfig]:
+    """The executor every episode of the run shares (the run closes it), and the config with the agent's
+    device set where Ray holds a GPU share for it."""
+    if config.episode.executor == "ray":
+        return ray_executor(config, say)
+    if config.episode.executor == "local" and config.jobs_per_gpu != 1:
+        return packed_local_executor(config), config
+    return make_executor(config.episode), config
+
+
+def packed_local_executor(config: OuterConfig) -> LocalExecutor:
+    """With executor = local, one slot pool packs `jobs_per_gpu` inner jobs per GPU, holding agent_gpu_gib
+    back for the agent; a job whose base model's packing was measured on this GPU model shares its GPU
+    with at most that K jobs (ait.compute.packing.per_model: a 1.5B inner job beside one other, not seven)."""
     from ait.compute import local
     from ait.compute.gpu_memory import gpu_total_gib
     from ait.compute.packing import gpu_name, load_runs, per_model
@@ -301,21 +322,18 @@ def configure_local_slots(config: OuterConfig) -> None:
     gpus = local.detect_gpus()
     name, total = (gpu_name(gpus[0]), gpu_total_gib(gpus[0])) if gpus else (None, None)
     models = per_model(name, total, load_runs()) if name and total else {}
-    with local._shared_lock:  # the pool every episode of this process shares
-        local._shared = local.LocalExecutor(local.slot_envs(None, gpus, config.jobs_per_gpu),
-                                            reserved_gib=config.agent_gpu_gib, model_packing=models)
+    return local.LocalExecutor(local.slot_envs(None, gpus, config.jobs_per_gpu),
+                               reserved_gib=config.agent_gpu_gib, model_packing=models)
 
 
-def configure_ray_slots(config: OuterConfig, say: Callable[[str], None] = lambda _m: None) -> OuterConfig:
+def ray_executor(config: OuterConfig, say: Callable[[str], None] = lambda _m: None) -> tuple[Executor, OuterConfig]:
     """With executor = ray: one pool of Ray job slots for every episode, `jobs_per_gpu` on every GPU of
     the cluster; when the agent trains on a GPU (local backend), a share of one GPU is held for it (one
     job slot's, or what agent_gpu_gib needs) so no inner job lands there, and the agent is put on that
-    GPU. Returns the config with the agent's device set."""
-    if config.episode.executor != "ray":
-        return config
-    from ait.compute import ray_executor
+    GPU. Returns the executor on that pool and the config with the agent's device set."""
     from ait.compute.gpu_memory import gpu_total_gib
     from ait.compute.local import detect_gpus, parse_gpus
+    from ait.compute.ray_executor import RayExecutor, agent_share, place_slots
     from ait.outer.backends.local import default_device
 
     device = config.trainer.device or (default_device() if config.trainer.backend == "local" else "cpu")
@@ -323,20 +341,21 @@ def configure_ray_slots(config: OuterConfig, say: Callable[[str], None] = lambda
     share = 0.0
     if on_gpu:
         gpus = detect_gpus()
-        share = ray_executor.agent_share(config.jobs_per_gpu, config.agent_gpu_gib,
-                                         gpu_total_gib(gpus[0]) if gpus else None)
-    pool = ray_executor.configure_shared_slots(config.episode.ray_address, jobs_per_gpu=config.jobs_per_gpu,
-                                               agent_gpus=share)
+        share = agent_share(config.jobs_per_gpu, config.agent_gpu_gib, gpu_total_gib(gpus[0]) if gpus else None)
+    pool = place_slots(config.episode.ray_address, jobs_per_gpu=config.jobs_per_gpu, agent_gpus=share)
+    executor = RayExecutor(config.episode.ray_address, config.episode.job_wait_s, pool=pool)  # it owns the pool
     say(f"inner jobs on Ray: {pool.describe()}")
     if not (on_gpu and pool.agent_gpu):
-        return config
+        return executor, config
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     ray_gpu = pool.agent_gpu.split(",")[0]
     index = parse_gpus(visible).index(ray_gpu) if visible is not None else int(ray_gpu)
     if device not in ("cuda", f"cuda:{index}"):
+        executor.close()
         raise OuterRunError(f"trainer.device = {device!r}, but Ray holds the agent's GPU share on cuda:{index}; "
                             "leave trainer.device unset or set it to \"cuda\"")
-    return config.model_copy(update={"trainer": config.trainer.model_copy(update={"device": f"cuda:{index}"})})
+    trainer = config.trainer.model_copy(update={"device": f"cuda:{index}"})
+    return executor, config.model_copy(update={"trainer": trainer})
 
 
 def start_run(run_dir: Path, config: OuterConfig, resume: bool) -> ckpt.LoopState:

@@ -16,12 +16,13 @@ otherwise be re-sampled forever), and its replacement takes the next slot. A res
 slot step · groups_per_step: groups in flight when the checkpoint was written are not in it.
 
 An episode records the policy version it started with; a group's version is its oldest
-member's. Episodes run the real harness (run_episode: probe, inner job, reward) with a
-wall-clock limit, so one slow episode holds its group up by at most episode_timeout_s and is
-then scored as it stood. Episodes whose policy raised, timed out or hit a budget are kept:
-nothing is dropped silently. Episodes that ended as infra_error (the eval or a worker failed,
-not the agent) are left out of their group's advantages and counted; a group left with fewer
-than two members carries no signal and is sampled again.
+member's. Episodes run the real harness (run_episode: probe, inner job, reward) on the run's
+one executor (its pool of job slots, shared by every episode) with a wall-clock limit, so one
+slow episode holds its group up by at most episode_timeout_s and is then scored as it stood.
+Episodes whose policy raised, timed out or hit a budget are kept: nothing is dropped silently.
+Episodes that ended as infra_error (the eval or a worker failed, not the agent) are left out of
+their group's advantages and counted; a group left with fewer than two members carries no
+signal and is sampled again.
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
+from ait.compute.executors import Executor
 from ait.harness.episode import run_episode
 from ait.harness.types import EpisodeConfig, Message, PolicyStop, StopReason
 from ait.outer.backends import episode_policy
 from ait.outer.metrics import Episode, SampledGroup, infra_error, timed_out, trajectory_components
 from ait.outer.tasks import family_cycle, round_robin_task, sample_training_tasks
-from ait.outer.types import Trajectory, TrajectoryGroup, Turn
+from ait.outer.types import TrainerBackend, Trajectory, TrajectoryGroup, Turn
 from ait.spec import TaskSpec
 
 
@@ -68,12 +70,13 @@ class Recorder:
         return reply
 
 
-def play(backend: Any, spec: TaskSpec, task_path: Path, config: EpisodeConfig, runs_dir: Path, run_id: str,
-         seed: int | None, stopping: threading.Event, temperature: float | None = None) -> Episode:
-    """One episode with a fresh policy on the backend's current weights."""
+def play(backend: TrainerBackend, spec: TaskSpec, task_path: Path, config: EpisodeConfig, runs_dir: Path, run_id: str,
+         seed: int | None, stopping: threading.Event, temperature: float | None = None, *,
+         executor: Executor) -> Episode:
+    """One episode with a fresh policy on the backend's current weights, its job on the run's `executor`."""
     version = backend.step
     policy = Recorder(episode_policy(backend, seed=seed, temperature=temperature), stopping)
-    result = run_episode(spec, task_path, policy, config, runs_dir=runs_dir, run_id=run_id)
+    result = run_episode(spec, task_path, policy, config, runs_dir=runs_dir, run_id=run_id, executor=executor)
     trajectory = Trajectory(episode_id=result.run_id, task_id=spec.id, family=spec.family, turns=policy.turns,
                             reward=result.reward.total, components=trajectory_components(result),
                             base_model=result.job.base_model if result.job is not None else None,
@@ -82,11 +85,12 @@ def play(backend: Any, spec: TaskSpec, task_path: Path, config: EpisodeConfig, r
 
 
 class GroupSampler:
-    def __init__(self, *, backend: Any, task_paths: list[Path], rng: random.Random, episode_config: EpisodeConfig,
-                 runs_dir: Path, group_size: int, groups_per_step: int, max_off_policy: int, concurrency: int,
-                 seed: int, groups_launched: int = 0, task_sampling: Literal["round_robin", "uniform"] = "round_robin",
-                 first_slot: int = 0):
-        self.backend, self.task_paths, self.rng = backend, task_paths, rng
+    def __init__(self, *, backend: TrainerBackend, executor: Executor, task_paths: list[Path], rng: random.Random,
+                 episode_config: EpisodeConfig, runs_dir: Path, group_size: int, groups_per_step: int,
+                 max_off_policy: int, concurrency: int, seed: int, groups_launched: int = 0,
+                 task_sampling: Literal["round_robin", "uniform"] = "round_robin", first_slot: int = 0):
+        """`executor`: the run's, which every episode's job runs on (its owner closes it, not the sampler)."""
+        self.backend, self.executor, self.task_paths, self.rng = backend, executor, task_paths, rng
         self.episode_config, self.runs_dir = episode_config, runs_dir
         self.group_size, self.groups_per_step, self.max_off_policy = group_size, groups_per_step, max_off_policy
         self.seed = seed
@@ -130,7 +134,7 @@ class GroupSampler:
             run_id = f"g{index:05d}-{member}-{spec.id}-{secrets.token_hex(2)}"
             seed = (self.seed * 1_000_003 + index * 1009 + member) % 2**63
             futures.append(self.pool.submit(play, self.backend, spec, path, self.episode_config, self.runs_dir,
-                                            run_id, seed, self.stopping))
+                                            run_id, seed, self.stopping, executor=self.executor))
         self._when_all(futures, spec, slot)
 
     def _when_all(self, futures: list[Future], spec: TaskSpec, slot: int) -> None:

@@ -6,9 +6,10 @@ import inspect
 from typing import Any
 
 from ait.outer.config import OuterConfig
+from ait.outer.types import TrainerBackend
 
 
-def make_backend(config: OuterConfig) -> Any:
+def make_backend(config: OuterConfig) -> TrainerBackend:
     """The backend `[trainer] backend` names, warm-started from `[policy] init_checkpoint` if set."""
     if config.trainer.backend == "local":
         from ait.outer.backends.local import LocalBackend
@@ -22,7 +23,7 @@ def make_backend(config: OuterConfig) -> Any:
     return TinkerBackend(config)
 
 
-def episode_policy(backend: Any, *, seed: int | None = None, temperature: float | None = None) -> Any:
+def episode_policy(backend: TrainerBackend, *, seed: int | None = None, temperature: float | None = None) -> Any:
     """A fresh policy for one episode from `backend.policy()`, passing the seed and a temperature
     override where the backend takes them (a policy without a `temperature` parameter gets the
     attribute set: every HFPolicy-derived policy samples at `self.temperature`)."""
