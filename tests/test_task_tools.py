@@ -286,5 +286,5 @@ def test_a_call_to_a_helper_the_module_lacks_is_answered_with_what_it_has(tmp_pa
     (ws / "env.py").write_text(env_py.replace("tt.gold_answer(answer)", "tt.gold(answer)"))
     report = probe_workspace(ws, load_spec(ROOT / "examples" / "tasks" / "triage.json"))
     (fmt,) = [e.message for e in report.errors if "reward_format" in e.message]
-    assert "no attribute 'find_service'" in fmt and "task_tools has Environment, distinct_rows, gold, make_row" in fmt
+    assert "no attribute 'find_service'" in fmt and "task_tools has Environment, distinct_rows, fmt_time, gold, make_row" in fmt
     assert "SYSTEM_PROMPT" not in fmt and "Path" not in fmt.split("has ")[1]

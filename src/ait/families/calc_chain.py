@@ -20,8 +20,8 @@ from ait.families.base import Example, Family, ToolCall
 # stdlib-only module every workspace gets as task_tools.py: one source for the hidden eval and the
 # jobs. Its helpers keep their leading underscore there, so what env.py sees of the module (and the
 # probe's hints, which list its public names) stays the surface its docstring documents.
-from ait.job.task_tools.calc_chain import MAX_MAGNITUDE, _apply_op as apply_op, _format_number as format_number
-from ait.job.task_tools.calc_chain import _to_number as to_number, make_tools
+from ait.job.task_tools.calc_chain import MAX_MAGNITUDE, apply_op, format_number
+from ait.job.task_tools.calc_chain import to_number, make_tools
 
 PHRASES = {
     "+": ["add {b}", "increase it by {b}", "add another {b}"],

@@ -50,7 +50,7 @@ from ait.families.base import Example, Family, InlineDifficulty, ToolCall
 # workspace gets as task_tools.py: one source for the hidden eval and the jobs. Its helpers keep their
 # leading underscore there, so what env.py sees of the module (and the probe's hints, which list its
 # public names) stays the surface its docstring documents.
-from ait.job.task_tools.dispatch import _holds as holds, _route as first_match, _rule_text as fmt_rule, make_tools
+from ait.job.task_tools.dispatch import rule_holds as holds, first_match, fmt_rule, make_tools
 
 # name -> ("int", lo, hi) or ("cat", [values])
 ATTRIBUTES: dict[str, tuple] = {

@@ -63,8 +63,8 @@ from ait.families.base import Example, Family, InlineDifficulty, ToolCall
 # workspace gets as task_tools.py: one source for the hidden eval and the jobs. Its helpers keep their
 # leading underscore there, so what env.py sees of the module (and the probe's hints, which list its
 # public names) stays the surface its docstring documents.
-from ait.job.task_tools.ledger import _describe as describe, _format_balances as format_balances
-from ait.job.task_tools.ledger import _run as process, _step as step, make_tools
+from ait.job.task_tools.ledger import describe, format_balances
+from ait.job.task_tools.ledger import process_transactions as process, apply_step as step, make_tools
 
 ACCOUNT_NAMES = ["checking", "savings", "cash", "travel", "rent", "payroll", "reserve", "groceries"]
 QUESTION_TYPES = ("balance", "net_change", "rejected", "fees")

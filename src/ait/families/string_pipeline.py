@@ -43,7 +43,7 @@ from ait.families.base import Example, Family, InlineDifficulty, ToolCall
 # workspace gets as task_tools.py: one source for the hidden eval and the jobs. Its helpers keep their
 # leading underscore there, so what env.py sees of the module (and the probe's hints, which list its
 # public names) stays the surface its docstring documents.
-from ait.job.task_tools.string_pipeline import NUMERIC_OPS, OPS, _apply as apply_transform, make_tools
+from ait.job.task_tools.string_pipeline import NUMERIC_OPS, OPS, apply_transform, make_tools
 
 OP_HELP = {
     "reverse": "reverse the string",

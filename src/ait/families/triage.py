@@ -51,7 +51,7 @@ from ait.families.base import Example, Family, InlineDifficulty, ToolCall
 # workspace gets as task_tools.py: one source for the hidden eval and the jobs. Its helpers keep their
 # leading underscore there, so what env.py sees of the module (and the probe's hints, which list its
 # public names) stays the surface its docstring documents.
-from ait.job.task_tools.triage import _hhmm as fmt_time, _minutes as parse_time, make_tools
+from ait.job.task_tools.triage import fmt_time, parse_time, make_tools
 
 SERVICE_POOL = [
     "checkout", "payments", "auth", "inventory", "search", "cart", "users", "orders",

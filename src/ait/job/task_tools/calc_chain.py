@@ -37,7 +37,7 @@ MAX_EXPONENT = 120  # a number's decimal exponent, either way: beyond MAX_MAGNIT
 MAX_NUMBER_TEXT = 400  # characters of one number's text
 
 
-def _to_number(x):
+def to_number(x):
     """Exact value of a tool argument: ints stay ints (no float rounding past 2**53)."""
     if isinstance(x, bool):
         raise ValueError("a boolean is not a number")
@@ -56,14 +56,14 @@ def _to_number(x):
     return f.numerator if f.denominator == 1 else f
 
 
-def _format_number(x):
+def format_number(x):
     """Integers without a decimal point; other values rounded to 6 decimals."""
     if isinstance(x, int) or x.denominator == 1:
         return str(int(x))
     return f"{Decimal(x.numerator) / Decimal(x.denominator):.6f}".rstrip("0").rstrip(".")
 
 
-def _apply_op(a, op, b):
+def apply_op(a, op, b):
     if op == "+":
         return a + b
     if op == "-":
@@ -91,17 +91,17 @@ def calculator(a: float, op: str, b: float) -> str:
         The result as text, or a line starting with "error:".
     """
     try:
-        a, b = _to_number(a), _to_number(b)
+        a, b = to_number(a), to_number(b)
     except (ArithmeticError, ValueError, TypeError):
         return "error: a and b must be finite numbers"
     if op not in OPS:
         return f"error: op must be one of + - * /, got {op!r}"
     if op == "/" and b == 0:
         return "error: division by zero"
-    result = _apply_op(a, op, b)
+    result = apply_op(a, op, b)
     if abs(result) > MAX_MAGNITUDE:
         return "error: result out of range (magnitude above 1e100)"
-    return _format_number(result)
+    return format_number(result)
 
 
 def make_tools(world):

@@ -61,7 +61,7 @@ TEMPLATES = ["Route request {rid}: which queue does it go to?",
              "Using the routing rules, which queue does request {rid} go to?"]
 
 
-def _holds(cond, value):
+def rule_holds(cond, value):
     op, t = cond["op"], cond["value"]
     if op == ">=":
         return value >= t
@@ -86,7 +86,7 @@ def _cond_text(c):
     return f"{c['attr']} {c['op']} {json.dumps(c['value'])}"  # ints plain, strings quoted, lists as ["a", "b"]
 
 
-def _rule_text(index, rule):
+def fmt_rule(index, rule):
     return f"rule {index}: if " + " and ".join(_cond_text(c) for c in rule["conditions"]) + f" -> queue {rule['queue']}"
 
 
@@ -112,11 +112,11 @@ def _request_id(x):
     return s or None
 
 
-def _route(world, rid):
+def first_match(world, rid):
     """The queue a request is routed to: the first rule whose conditions all hold, else the default."""
     attrs = world["requests"][rid]
     for rule in world["rules"]:
-        if all(_holds(c, attrs[c["attr"]]) for c in rule["conditions"]):
+        if all(rule_holds(c, attrs[c["attr"]]) for c in rule["conditions"]):
             return rule["queue"]
     return world["default_queue"]
 
@@ -180,7 +180,7 @@ def make_tools(world):
         if err:
             return err
         i = _as_index(index)
-        return _rule_text(i, rules[i - 1])
+        return fmt_rule(i, rules[i - 1])
 
     def check_rule(rule_index: int, request_id: str) -> str:
         """Check whether every condition of one rule holds for one request.
@@ -200,7 +200,7 @@ def make_tools(world):
             return err
         i = _as_index(rule_index)
         rule, attrs = rules[i - 1], requests[rid]
-        failed = [c for c in rule["conditions"] if not _holds(c, attrs[c["attr"]])]
+        failed = [c for c in rule["conditions"] if not rule_holds(c, attrs[c["attr"]])]
         if not failed:
             return f"rule {i} matches {rid} -> queue {rule['queue']}"
         why = "; ".join(f"{_cond_text(c)} (request has {c['attr']}={attrs[c['attr']]})" for c in failed)
@@ -302,7 +302,7 @@ def _condition_with(rng, attr, value, want):
     """A condition on attr that holds (want=True) or fails for value (every attribute admits both)."""
     while True:
         cond = _condition(rng, attr)
-        if _holds(cond, value) == want:
+        if rule_holds(cond, value) == want:
             return cond
 
 
@@ -313,7 +313,7 @@ def _inline_text(world):
         attrs = world["requests"][rid]
         lines.append(f"Request {rid}: " + ", ".join(f"{a}={attrs[a]}" for a in world["attributes"]))
     lines.append("Rules, checked in order (the first rule whose conditions all hold decides):")
-    lines += [_rule_text(i, rule) for i, rule in enumerate(world["rules"], start=1)]
+    lines += [fmt_rule(i, rule) for i, rule in enumerate(world["rules"], start=1)]
     lines.append(f"If no rule matches: default queue {world['default_queue']}")
     lines.append(INLINE_TAIL)
     return "\n".join(lines)
@@ -348,7 +348,7 @@ def make_row(rng, difficulty=None):
         else:
             while True:
                 conds = [_condition(rng, a) for a in chosen]
-                ok = all(_holds(c, target[c["attr"]]) for c in conds)
+                ok = all(rule_holds(c, target[c["attr"]]) for c in conds)
                 if i > pos or (i == pos) == ok:
                     break
         rules.append({"conditions": conds, "queue": queue})
@@ -362,7 +362,7 @@ def make_row(rng, difficulty=None):
     prompt = rng.choice(TEMPLATES).format(rid=ids[0])
     if _inline(difficulty):  # no randomness used: the same rows as without inline, plus the table
         prompt += "\n" + _inline_text(world)
-    return {"prompt": prompt, "answer": _route(world, ids[0]), "info": {"world": world}}
+    return {"prompt": prompt, "answer": first_match(world, ids[0]), "info": {"world": world}}
 
 
 def distinct_rows(n: int, draw) -> list:

@@ -44,7 +44,7 @@ def _inline_system_prompt(fees):
 ACCOUNT_NAMES = ["checking", "savings", "cash", "travel", "rent", "payroll", "reserve", "groceries"]
 
 
-def _describe(tx):
+def describe(tx):
     kind = tx["kind"]
     if kind == "deposit":
         return f"deposit {tx['amount']} into {tx['account']}"
@@ -55,7 +55,7 @@ def _describe(tx):
     return f"fee {tx['percent']}% on {tx['account']}"
 
 
-def _step(balances, tx):
+def apply_step(balances, tx):
     kind, acct = tx["kind"], tx["account"]
     if kind == "deposit":
         balances[acct] += tx["amount"]
@@ -72,9 +72,9 @@ def _step(balances, tx):
     return True, charged
 
 
-def _run(world, upto):
+def process_transactions(world, upto):
     balances = dict(world.get("accounts") or {})
-    outcomes = [_step(balances, tx) for tx in (world.get("transactions") or [])[:upto]]
+    outcomes = [apply_step(balances, tx) for tx in (world.get("transactions") or [])[:upto]]
     return balances, outcomes
 
 
@@ -97,7 +97,7 @@ def _account(account, accounts):
     return name, f"error: unknown account {str(account)[:40]!r}; accounts: {', '.join(sorted(accounts))}"
 
 
-def _format_balances(balances):
+def format_balances(balances):
     return ", ".join(f"{name}={balances[name]}" for name in sorted(balances))
 
 
@@ -119,7 +119,7 @@ def make_tools(world):
             One line per transaction, e.g. '#2 withdraw 300 from checking'.
         """
         lines = [f"Ledger {world.get('ledger', '?')}: {n} transactions, processed in order #1..#{n}."]
-        lines += [f"#{i} {_describe(tx)}" for i, tx in enumerate(txs, 1)]
+        lines += [f"#{i} {describe(tx)}" for i, tx in enumerate(txs, 1)]
         return "\n".join(lines)
 
     def apply_transaction(index: int) -> str:
@@ -138,7 +138,7 @@ def make_tools(world):
         i = _index(index)
         if i is None or not 1 <= i <= n:
             return f"error: index must be an integer from 1 to {n}, got {str(index)[:40]!r}"
-        balances, outcomes = _run(world, i)
+        balances, outcomes = process_transactions(world, i)
         tx = txs[i - 1]
         applied, charged = outcomes[-1]
         if not applied:
@@ -147,7 +147,7 @@ def make_tools(world):
             outcome = f"applied, charged {charged}"
         else:
             outcome = "applied"
-        return f"#{i} {_describe(tx)}: {outcome}. Balances after #{i}: {_format_balances(balances)}"
+        return f"#{i} {describe(tx)}: {outcome}. Balances after #{i}: {format_balances(balances)}"
 
     def opening_balance(account: str) -> str:
         """Look up an account's opening balance, before transaction #1 is processed.
@@ -175,7 +175,7 @@ def make_tools(world):
         name, error = _account(account, accounts)
         if error:
             return error
-        balances, _ = _run({"accounts": accounts, "transactions": txs}, n)
+        balances, _ = process_transactions({"accounts": accounts, "transactions": txs}, n)
         return f"Final balance of {name}: {balances[name]} (after all {n} transactions)"
 
     return [list_transactions, apply_transaction, opening_balance, final_balance]
@@ -323,7 +323,7 @@ def _ledger(rng, s):
             tx = {"kind": kind, "account": acct, "amount": amount}
             if kind == "transfer":
                 tx["to"] = rng.choice([x for x in names if x != acct])
-        _step(balances, tx)
+        apply_step(balances, tx)
         txs.append(tx)
     return {"accounts": opening, "transactions": txs}
 
@@ -335,7 +335,7 @@ def make_row(rng, difficulty):
     ledger_id = f"L{rng.randint(1000, 99999)}"
     for _ in range(200):  # redraw until the question has a non-trivial answer
         world = _ledger(rng, s)
-        final, outcomes = _run(world, len(world["transactions"]))
+        final, outcomes = process_transactions(world, len(world["transactions"]))
         moved = [a for a in world["accounts"] if final[a] != world["accounts"][a]]
         if qtype in ("balance", "net_change") and moved:
             account = rng.choice(moved)
@@ -372,7 +372,7 @@ def _inline_prompt(world, accts, ask):
     the numbered listing, the rules that apply to it, the ask and a nudge to work it through."""
     txs = world["transactions"]
     opening = ", ".join(f"{k}={world['accounts'][k]}" for k in sorted(world["accounts"]))
-    listing = "\n".join(f"#{i} {_describe(tx)}" for i, tx in enumerate(txs, 1))
+    listing = "\n".join(f"#{i} {describe(tx)}" for i, tx in enumerate(txs, 1))
     kinds = {tx["kind"] for tx in txs}
     rules = [r for r, used in ((RULE_OVERDRAFT, bool(kinds & {"withdrawal", "transfer"})),
                                (RULE_FEE, "fee" in kinds)) if used]

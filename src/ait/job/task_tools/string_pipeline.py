@@ -97,7 +97,7 @@ def _caesar(text, n):
     return "".join(out)
 
 
-def _apply(text, op, arg):
+def apply_transform(text, op, arg):
     if op == "reverse":
         return text[::-1]
     if op == "upper":
@@ -142,7 +142,7 @@ def _transform(text, op, arg):
     if not isinstance(op, str):
         return f"error: op must be a string, one of: {', '.join(OPS)}"
     op = op.strip().lower().replace("-", "_").replace(" ", "_")
-    return _apply(text, op, "" if arg is None else arg)
+    return apply_transform(text, op, "" if arg is None else arg)
 
 
 # ---------------------------------------------------------------- tools
@@ -270,7 +270,7 @@ def _step(rng, value, ops, max_shift):
             arg, phrase = f"{a}->{b}", template.format(a=a, b=b)
         else:
             arg, phrase = "", template
-        out = _apply(value, op, arg)
+        out = apply_transform(value, op, arg)
         if out and out != value:
             return phrase, out
         if fallback is None and out and ops != OPS:

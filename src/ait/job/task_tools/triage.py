@@ -42,7 +42,7 @@ MAX_DEPLOY_LINES = 8
 MAX_LOG_LINES = 8
 
 
-def _minutes(text):
+def parse_time(text):
     if not isinstance(text, str):
         return None
     m = TIME_RE.match(text)
@@ -51,7 +51,7 @@ def _minutes(text):
     return int(m.group(1)) * 60 + int(m.group(2))
 
 
-def _hhmm(minutes):
+def fmt_time(minutes):
     return f"{minutes // 60:02d}:{minutes % 60:02d}"
 
 
@@ -107,12 +107,12 @@ def make_tools(world):
         Returns:
             One line per deploy: 'HH:MM service@version'.
         """
-        start = _minutes(since)
+        start = parse_time(since)
         if start is None:
             return f"error: since must be a time of day like '13:30', got {since!r}"
-        hits = [d for d in deploys if _minutes(d["time"]) >= start]
+        hits = [d for d in deploys if parse_time(d["time"]) >= start]
         if not hits:
-            return f"no deploys at or after {_hhmm(start)}"
+            return f"no deploys at or after {fmt_time(start)}"
         out = [f"{d['time']} {d['service']}@{d['version']}" for d in hits[:MAX_DEPLOY_LINES]]
         if len(hits) > MAX_DEPLOY_LINES:
             out.append(f"... {len(hits) - MAX_DEPLOY_LINES} more (use a later since)")
@@ -330,7 +330,7 @@ def make_row(rng, difficulty=None):
     for t, s in plan:
         ver[s][2] += 1
         v = ".".join(str(x) for x in ver[s])
-        deploys.append({"service": s, "version": v, "time": _hhmm(t)})
+        deploys.append({"service": s, "version": v, "time": fmt_time(t)})
         if t == root_t:
             answer = f"{root}@{v}"
     logs = {s: [] for s in names}
@@ -359,17 +359,17 @@ def make_row(rng, difficulty=None):
             if level == "ERROR" and s == root:
                 continue
             logs[s].append((rng.randint(lo, hi), level, text))
-    logs = {s: [{"time": _hhmm(t), "level": lv, "msg": m} for t, lv, m in sorted(v)] for s, v in logs.items()}
-    alerts = [{"service": chain[0], "symptom": f"HTTP 5xx rate {rng.randint(4, 35)}%", "time": _hhmm(alert)}]
+    logs = {s: [{"time": fmt_time(t), "level": lv, "msg": m} for t, lv, m in sorted(v)] for s, v in logs.items()}
+    alerts = [{"service": chain[0], "symptom": f"HTTP 5xx rate {rng.randint(4, 35)}%", "time": fmt_time(alert)}]
     for s in chain[1:-1]:
         if rng.random() < 0.5:
             alerts.append({"service": s, "symptom": f"error rate {rng.randint(4, 35)}%",
-                           "time": _hhmm(alert + rng.randint(1, 6))})
+                           "time": fmt_time(alert + rng.randint(1, 6))})
     alerts.sort(key=lambda a: a["time"])
     incident = f"INC-{rng.randint(1000, 9999)}"
     world = {"incident": incident, "services": sorted(names), "deps": deps, "deploys": deploys,
              "alerts": alerts, "logs": logs}
-    prompt = (f"Incident {incident}: {chain[0]} is {rng.choice(PHRASES)} since {_hhmm(alert)}. "
+    prompt = (f"Incident {incident}: {chain[0]} is {rng.choice(PHRASES)} since {fmt_time(alert)}. "
               "Which deploy is the root cause? Answer with the service and version.")
     if _inline(difficulty):
         prompt = f"{prompt}\n\n{_inline_text(world)}"
