@@ -30,7 +30,7 @@ from ait.evals.hidden import eval_fingerprint, hidden_examples
 from ait.evals.hidden_eval import score
 from ait.families import FAMILIES
 from ait.spec import Constraints, build_spec
-from ait.train.chat_format import prepare_tokenizer
+from ait.chat.renderers import prepare_tokenizer
 from ait.train.models import resolve_base_model
 
 # Easiest first; the family's current default is always appended as the hardest level. The

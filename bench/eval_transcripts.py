@@ -84,7 +84,7 @@ def main() -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ait.train.chat_format import prepare_tokenizer
+    from ait.chat.renderers import prepare_tokenizer
     from ait.train.models import resolve_base_model
 
     spec = load_spec(args.task)

@@ -4,8 +4,7 @@ error and the episode goes on, rather than ending as policy_error or crashing an
 
 from __future__ import annotations
 
-from ait.policy.chat import json_tool_calls, parse_arguments, salvage_tool_calls
-from ait.train.chat_format import bare_tool_calls
+from ait.chat.parse import bare_tool_calls, json_tool_calls, parse_arguments, salvage_tool_calls
 
 DEEP = "[" * 200_000 + "]" * 200_000
 CALL = '{"name": "read_file", "arguments": ' + DEEP + "}"
@@ -32,7 +31,7 @@ def test_a_reply_of_brackets_stops_the_scan_after_max_failed_starts(monkeypatch)
     and a call after that is still passed on (raw)."""
     import json
 
-    import ait.policy.chat as chat
+    import ait.chat.parse as chat
 
     attempts = []
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ait.train.chat_format import prepare_tokenizer
+from ait.chat.renderers import prepare_tokenizer
 from ait.job.types import TrainConfig
 from ait.train.decode import Sample
 from ait.train.fast_grpo import advantages, microbatches, policy_loss
 from ait.train.request import TrainOutput
-from ait.train.chat_format import stop_ids
+from ait.chat.renderers import stop_ids
 from ait.train.rollouts import Rollout, rollout_batch
 from ait.train.tiny import tiny_model_path
 

@@ -83,7 +83,7 @@ def base() -> str:
 def tokenizer(base):
     from transformers import AutoTokenizer
 
-    from ait.train.chat_format import prepare_tokenizer
+    from ait.chat.renderers import prepare_tokenizer
 
     return prepare_tokenizer(AutoTokenizer.from_pretrained(base))
 

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from ait.evals.hidden_eval import safe_score
 from ait.evals.rollout import final_response, run_conversations
 from ait.families import FAMILIES, get_family
-from ait.train.chat_format import prepare_tokenizer
+from ait.chat.renderers import prepare_tokenizer
 from ait.train.tiny import tiny_model_path
 
 

@@ -263,7 +263,7 @@ def test_qwen25_chat_template_survives_and_tool_calls_parse(tmp_path: Path) -> N
     pytest.importorskip("gguf")
     from transformers import AutoTokenizer
 
-    from ait.train.chat_format import prepare_tokenizer
+    from ait.chat.renderers import prepare_tokenizer
 
     template = (files("trl") / "chat_templates" / "qwen2_5.jinja").read_text()
     r = resolve_base_model(str(write_tiny_gguf(tmp_path / "tiny-qwen2.gguf", arch="qwen2", template=template, seed=2)))

@@ -564,7 +564,7 @@ def test_salvaged_tool_calls_reach_the_harness(server: ChatServer, tmp_path) -> 
 
 
 def test_salvage_leaves_prose_alone_and_answers_a_broken_call() -> None:
-    from ait.policy.chat import salvage_tool_calls
+    from ait.chat.parse import salvage_tool_calls
 
     names = {t["function"]["name"] for t in TOOL_SCHEMAS}
     prose = 'The config looks like {"name": "calc", "steps": 3}; done.'
@@ -580,7 +580,7 @@ def test_salvage_leaves_prose_alone_and_answers_a_broken_call() -> None:
 
 def test_salvage_reads_what_llama_cpp_servers_really_returned() -> None:
     """Replies seen from llama-cpp-python 0.3.36 serving Qwen2.5-Coder-0.5B (docs/real-servers.md)."""
-    from ait.policy.chat import looks_like_tool_call, salvage_tool_calls
+    from ait.chat.parse import looks_like_tool_call, salvage_tool_calls
 
     names = {t["function"]["name"] for t in TOOL_SCHEMAS}
     # chatml-function-calling, when the model takes its "message:" branch: the call's name as text, no arguments.

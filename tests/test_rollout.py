@@ -8,9 +8,10 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
+from ait.chat.parse import bare_tool_calls
+from ait.chat.renderers import parse_reply, prepare_tokenizer
 from ait.evals.rollout import final_response, run_conversations
 from ait.families import FAMILIES, get_family
-from ait.train.chat_format import bare_tool_calls, parse_reply, prepare_tokenizer
 from ait.train.tiny import tiny_model_path
 
 

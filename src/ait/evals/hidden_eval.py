@@ -31,7 +31,7 @@ from pydantic import BaseModel, Field
 from ait.families import Example, get_family
 from ait.evals.rollout import final_response, run_conversations
 from ait.spec import TaskSpec
-from ait.train.chat_format import prepare_tokenizer
+from ait.chat.renderers import prepare_tokenizer
 
 
 class EvalRequest(BaseModel):

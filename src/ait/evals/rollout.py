@@ -6,18 +6,19 @@ greedily (ait.train.decode: static KV cache, CUDA graphs on a GPU), parses tool 
 world. A conversation finishes when the model answers without a tool call or the
 turn budget runs out.
 
-Preparing the template and reading a reply back are ait.train.chat_format's, shared with the
-training rollouts.
+Rendering the prompt and reading a reply back are ait.chat.renderers.HFRenderer's, shared with the
+training rollouts and the HF policy.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ait.chat.renderers import HFRenderer, stop_ids
+from ait.chat.types import ToolCall
 from ait.contract import EvalFormat
 from ait.families import Example, Family
-from ait.families.base import ToolCall, call_bound
-from ait.train.chat_format import parse_reply, stop_ids
+from ait.families.base import call_bound
 
 
 class GreedyGenerator:
@@ -37,6 +38,7 @@ def run_conversations(model, tokenizer, family: Family, fmt: EvalFormat, example
     """Roll out every example; returns each full conversation (system, user, assistant, tool...).
     `generate(prompt_ids_list, max_new_tokens) -> reply ids per prompt`; default: greedy on `model`."""
     generate = generate or GreedyGenerator(model, tokenizer)
+    renderer = HFRenderer(tokenizer)
     tool_fns = family.tools(examples[0].world) if examples else []
     convs = [[{"role": "system", "content": fmt.system_prompt}, {"role": "user", "content": ex.prompt}]
              for ex in examples]
@@ -48,12 +50,9 @@ def run_conversations(model, tokenizer, family: Family, fmt: EvalFormat, example
         still_active = []
         for start in range(0, len(active), batch_size):
             batch = active[start:start + batch_size]
-            prompts = [tokenizer(tokenizer.apply_chat_template(convs[i], tools=tool_fns or None, tokenize=False,
-                                                               add_generation_prompt=True),
-                                 add_special_tokens=False)["input_ids"] for i in batch]
+            prompts = [renderer.build_generation_prompt(convs[i], tool_fns) for i in batch]
             for i, prompt_ids, ids in zip(batch, prompts, generate(prompts, fmt.max_new_tokens)):
-                text = tokenizer.decode(ids, skip_special_tokens=True)
-                content, calls = parse_reply(tokenizer, ids, text, prompt_ids)
+                content, calls = renderer.parse_response(ids, prompt_ids)
                 # JSON can spell a lone surrogate ("\ud800"), which no tokenizer encodes: the next turn's
                 # prompt would fail the whole eval, on text the trained model chose to write.
                 content = scrub(content)

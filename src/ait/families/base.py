@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, Field, model_serializer
 
+from ait.chat.types import ToolCall
 from ait.contract import EvalFormat
 
 
@@ -23,13 +24,6 @@ class Example(BaseModel):
     """The state the tools read (JSON-serialisable)."""
     answer: str
     """The gold answer, in the family's normalised form."""
-
-
-class ToolCall(BaseModel):
-    name: str
-    """Tool name."""
-    arguments: dict[str, Any]
-    """Keyword arguments."""
 
 
 class InlineDifficulty(BaseModel):
@@ -97,7 +91,7 @@ def call_bound(by_name: dict[str, Callable[..., str]], call: ToolCall) -> str:
     if fn is None:
         return f"error: unknown tool {call.name!r}; available: {', '.join(sorted(by_name))}"
     try:
-        return str(fn(**call.arguments))
+        return str(fn(**call.arguments))  # raw-string arguments (a malformed agent call) are a TypeError
     except TypeError as e:
         return f"error: bad arguments for {call.name}: {e}"
     except Exception as e:  # a model's odd call must never crash an eval

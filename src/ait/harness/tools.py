@@ -19,9 +19,9 @@ import inspect
 import json
 from typing import Any, Callable
 
+from ait.chat.types import ToolCall
 from ait.evals.baselines import BaselineStore
 from ait.harness.fenced import last_fenced_block
-from ait.harness.types import ToolCallRequest
 from ait.harness.workspace_tools import ToolError, WorkspaceTools
 from ait.spec import TaskSpec
 
@@ -101,7 +101,7 @@ class EpisodeTools:
                     "with just the path; or pass the file's text as content.")
         return self.files.write_file(path, content)
 
-    def dispatch(self, call: ToolCallRequest, message: str = "") -> str:
+    def dispatch(self, call: ToolCall, message: str = "") -> str:
         """Run one tool call; `message` is the text of the assistant message that made it (where
         write_file finds a fenced block when it is given no content). Counts repeats of one failing call."""
         result = self._dispatch(call, message)
@@ -112,7 +112,7 @@ class EpisodeTools:
     def repeated_errors(self) -> int:
         return self.repeats.count
 
-    def _dispatch(self, call: ToolCallRequest, message: str) -> str:
+    def _dispatch(self, call: ToolCall, message: str) -> str:
 
         def write_file(path: str, content: str | None = None) -> str:  # the signature the agent sees
             return self.write_file(path, content, message)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from ait.chat.types import ToolCall
 from ait.contract import Strict
 from ait.evals.best_pre import BestPre
 from ait.job.types import JobResult
@@ -15,13 +16,8 @@ from ait.probe.types import ProbeReport
 from ait.reward import RewardBreakdown, RewardWeights
 
 
-class ToolCallRequest(BaseModel):
-    id: str
-    """Call id, echoed in the tool result message."""
-    name: str
-    """Harness tool name."""
-    arguments: dict[str, Any] | str
-    """Parsed arguments, or the raw string when the policy sent malformed JSON."""
+ToolCallRequest = ToolCall
+"""The older name of ait.chat.types.ToolCall (one tool-call type for harness, policies and rollouts)."""
 
 
 class TokenTrace(BaseModel):
@@ -44,7 +40,7 @@ class Message(BaseModel):
     """Who speaks."""
     content: str = ""
     """Text."""
-    tool_calls: list[ToolCallRequest] = Field(default_factory=list)
+    tool_calls: list[ToolCall] = Field(default_factory=list)
     """Tool calls (assistant messages only)."""
     tool_call_id: str | None = None
     """Which call this answers (tool messages only)."""

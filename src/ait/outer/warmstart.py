@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ait.chat.renderers import to_template
 from ait.evals.baselines import BaselineStore
 from ait.harness.episode import READ_ONLY, invalid_job_text, opening_messages, seed_workspace
 from ait.harness.tools import TOOL_SCHEMAS, EpisodeTools
@@ -40,7 +41,6 @@ from ait.harness.types import Message, PolicyStop
 from ait.harness.workspace_tools import WorkspaceTools
 from ait.home import ait_home
 from ait.job import task_tools
-from ait.policy.chat import to_template
 from ait.policy.job_variants import VARIANTS
 from ait.policy.reference import TT_CALL, ReferencePolicy
 from ait.probe.runner import probe_workspace

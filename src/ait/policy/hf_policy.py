@@ -23,9 +23,10 @@ import contextlib
 import time
 from typing import Any
 
-from ait.harness.types import Message, PolicyStop, StopReason, TokenTrace, ToolCallRequest
+from ait.chat.renderers import HFRenderer, to_template
+from ait.chat.types import ToolCall
+from ait.harness.types import Message, PolicyStop, StopReason, TokenTrace
 from ait.metering import Usage
-from ait.policy.chat import parse_arguments, salvage_tool_calls, to_template
 from ait.spec import TaskSpec
 
 TRUNCATED = "[older tool result shortened to fit the model's context: {n} characters]"
@@ -50,7 +51,7 @@ class HFPolicy:
         else:
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            from ait.train.chat_format import prepare_tokenizer
+            from ait.chat.renderers import prepare_tokenizer
             from ait.train.models import resolve_base_model
 
             resolved = resolve_base_model(model)  # tiny, a local directory, or a hub id (safetensors only)
@@ -104,9 +105,7 @@ class HFPolicy:
 
     def render(self, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
         with self._tokenizer_lock():
-            text = self.tokenizer.apply_chat_template(to_template(messages), tools=tools or None, tokenize=False,
-                                                      add_generation_prompt=True)
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            return HFRenderer(self.tokenizer).build_generation_prompt(to_template(messages), tools)
 
     def fit(self, messages: list[Message], tools: list[dict[str, Any]]) -> tuple[list[int], int]:
         """Prompt ids leaving room for a full reply: shorten tool results oldest first, else stop."""
@@ -159,29 +158,13 @@ class HFPolicy:
         return ids.tolist(), logprobs.tolist()
 
     def parse(self, prompt_ids: list[int], ids: list[int],
-              tools: list[dict[str, Any]]) -> tuple[str, list[ToolCallRequest]]:
-        """(content, tool calls) through the template's response parser; tool-call blocks it rejects
-        are salvaged as malformed calls, so the harness answers them instead of losing them."""
+              tools: list[dict[str, Any]]) -> tuple[str, list[ToolCall]]:
+        """(content, tool calls): the chat format's lenient (agent) reading, the renderer the trainer and
+        the hidden eval read their rollouts with; tool-call blocks the template parser rejects are
+        salvaged as malformed calls, so the harness answers them instead of losing them."""
         with self._tokenizer_lock():
-            return self._parse(prompt_ids, ids, tools)
-
-    def _parse(self, prompt_ids: list[int], ids: list[int],
-               tools: list[dict[str, Any]]) -> tuple[str, list[ToolCallRequest]]:
-        from trl.chat_template_utils import parse_response
-
-        parsed = parse_response(self.tokenizer, ids, prefix=prompt_ids, tools=tools or None)
-        calls = []
-        for i, call in enumerate(parsed.get("tool_calls") or []):
-            fn = call.get("function", call)
-            calls.append(ToolCallRequest(id=f"call_{self.turn}_{i}", name=str(fn.get("name") or ""),
-                                         arguments=parse_arguments(fn.get("arguments"))))
-        content = str(parsed.get("content") or "")
-        if not calls:
-            raw = self.tokenizer.decode(ids, skip_special_tokens=False)
-            if "<tool_call>" in raw:
-                end = self.tokenizer.eos_token or ""
-                content, calls = salvage_tool_calls(raw.replace(end, ""), f"call_{self.turn}")
-        return content, calls
+            return HFRenderer(self.tokenizer).parse_response(ids, prompt_ids, agent_prefix=f"call_{self.turn}",
+                                                             tools=tools)
 
 
 def context_length(model: Any, tokenizer: Any) -> int:

@@ -12,7 +12,7 @@ URL, the status and the server's own explanation (or, for a connection that fail
 Tool calls whose arguments are not a JSON object are passed on raw: the harness answers
 them with an error and counts them. Some servers return no structured tool calls at all
 (the model writes `<tool_call>` tags or bare JSON in the text): `diagnostics()` counts
-such replies, and `salvage_tool_calls=True` parses them into calls (policy.chat's parser,
+such replies, and `salvage_tool_calls=True` parses them into calls (ait.chat's agent parser,
 the one the HF policy uses). `preflight()` checks the endpoint and the model before an
 episode spends anything.
 """
@@ -28,9 +28,10 @@ import time
 from typing import Any, Callable
 from urllib.parse import urlparse
 
-from ait.harness.types import Message, PolicyStop, StopReason, ToolCallRequest
+from ait.chat.parse import looks_like_tool_call
+from ait.chat.renderers import OpenAIRenderer
+from ait.harness.types import Message, PolicyStop, StopReason
 from ait.metering import Retry, Usage
-from ait.policy.chat import looks_like_tool_call, parse_arguments, salvage_tool_calls, to_openai
 from ait.policy.keys import is_openrouter, resolve_endpoint
 from ait.spec import TaskSpec
 
@@ -283,6 +284,7 @@ class OpenAIPolicy:
         self.max_attempts, self.backoff_base_s, self.backoff_max_s = max(1, max_attempts), backoff_base_s, backoff_max_s
         self.sleep, self.rng = sleep, random.Random(seed)
         self.salvage = salvage_tool_calls
+        self.renderer = OpenAIRenderer(salvage=salvage_tool_calls)
         self.local = is_loopback(base_url)
         self.client = OpenAI(api_key=api_key, base_url=base_url, timeout=self.timeout_s, max_retries=0)
         self.url = str(self.client.base_url).rstrip("/")
@@ -304,9 +306,7 @@ class OpenAIPolicy:
 
     def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
         self.turn += 1
-        request: dict[str, Any] = {"model": self.model, "messages": to_openai(messages)}
-        if tools:
-            request.update(tools=tools, tool_choice="auto")
+        request: dict[str, Any] = {"model": self.model, **self.renderer.build_generation_prompt(messages, tools)}
         if self.temperature is not None:
             request["temperature"] = self.temperature
         if self.max_tokens is not None:
@@ -365,23 +365,16 @@ class OpenAIPolicy:
     def to_message(self, response: Any, attempts: int, latency: float, retries: list[Retry],
                    tools: list[dict[str, Any]] = ()) -> Message:
         msg = response.choices[0].message
-        calls = []
-        for i, tc in enumerate(getattr(msg, "tool_calls", None) or []):
-            fn = getattr(tc, "function", None)
-            calls.append(ToolCallRequest(id=tc.id or f"call_{self.turn}_{i}", name=getattr(fn, "name", None) or "",
-                                         arguments=parse_arguments(getattr(fn, "arguments", None))))
-        content = msg.content or ""
+        names = tool_names(tools) or None
+        content, calls = self.renderer.parse_response(msg, f"call_{self.turn}", tool_names=names)
         self.counts["replies"] += 1
-        if calls:
+        if getattr(msg, "tool_calls", None):
             self.counts["structured"] += 1
-        elif content:
-            names = tool_names(tools) or None
-            if self.salvage:
-                content, calls = salvage_tool_calls(content, f"call_{self.turn}", bare_json=True, tool_names=names)
-                self.counts["salvaged"] += bool(calls)
-                self.counts["text_calls"] += bool(calls)
-            elif looks_like_tool_call(content, names):
-                self.counts["text_calls"] += 1
+        elif self.salvage:  # the renderer searched the text: any call it has was written as text
+            self.counts["salvaged"] += bool(calls)
+            self.counts["text_calls"] += bool(calls)
+        elif content and looks_like_tool_call(content, names):
+            self.counts["text_calls"] += 1
         return Message(role="assistant", content=content, tool_calls=calls,
                        usage=self.usage(response, attempts, latency, retries))
 

@@ -27,8 +27,9 @@ import re
 from importlib.resources import files
 from typing import Any
 
+from ait.chat.types import ToolCall
 from ait.harness.fenced import fenced
-from ait.harness.types import Message, ToolCallRequest
+from ait.harness.types import Message
 from ait.policy.job_variants import VARIANTS, agent_job
 from ait.spec import Constraints, TaskSpec
 
@@ -144,7 +145,7 @@ class ReferencePolicy:
 
     def _call(self, name: str, arguments: dict[str, Any], content: str = "") -> Message:
         self.submitted += name == "submit_job"
-        call = ToolCallRequest(id=f"call_{self.step}", name=name, arguments=arguments)
+        call = ToolCall(id=f"call_{self.step}", name=name, arguments=arguments)
         return Message(role="assistant", content=content, tool_calls=[call])
 
     def _read_task(self, task_json: str) -> Message:

@@ -31,7 +31,7 @@ class TinkerPolicy(HFPolicy):
     def __init__(self, sampling_client: Any, tokenizer: Any, *, base_model: str, version: int = 0,
                  temperature: float = 1.0, max_new_tokens: int = 1024, max_context: int | None = None,
                  seed: int | None = None, tokenizer_lock: Any = None):
-        """`tokenizer` must have been through ait.train.chat_format.prepare_tokenizer; `tokenizer_lock` is
+        """`tokenizer` must have been through ait.chat.renderers.prepare_tokenizer; `tokenizer_lock` is
         shared by the policies of one tokenizer (a fast tokenizer is not safe across threads)."""
         self.client = sampling_client
         self.tokenizer = tokenizer

@@ -24,7 +24,7 @@ def load(model_path: str):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        from ait.train.chat_format import prepare_tokenizer
+        from ait.chat.renderers import prepare_tokenizer
 
         hf_logging.disable_progress_bar()
 
@@ -59,7 +59,7 @@ def dry_run(surface: EnvSurface, rows: list[dict], model_path: str, env_path) ->
     try:
         import torch
 
-        from ait.train.chat_format import parse_reply
+        from ait.chat.renderers import HFRenderer
 
         model, tokenizer = load(model_path)
     except Exception as e:  # our side, not the agent's: report it as such
@@ -82,8 +82,8 @@ def dry_run(surface: EnvSurface, rows: list[dict], model_path: str, env_path) ->
                 out = model.generate(**ids, max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
                                      pad_token_id=tokenizer.pad_token_id)
             reply_ids = out[0, ids["input_ids"].shape[1]:].tolist()
-            content, calls = parse_reply(tokenizer, reply_ids, tokenizer.decode(reply_ids, skip_special_tokens=True),
-                                         ids["input_ids"][0].tolist())
+            # The strict reading the trainer's rollouts use: the dry run shows what training will see.
+            content, calls = HFRenderer(tokenizer).parse_response(reply_ids, ids["input_ids"][0].tolist())
             for call in calls:
                 step = f"tool call {call.name}"
                 if call.name in surface.tools:

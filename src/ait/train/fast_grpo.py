@@ -42,7 +42,7 @@ from ait.train.request import (
     build_rows,
     safe_reward,
 )
-from ait.train.chat_format import stop_ids
+from ait.chat.renderers import stop_ids
 from ait.train.rollouts import Rollout, rollout_batch
 
 
@@ -68,7 +68,7 @@ def load_policy(base_model_path: str, train: TrainConfig, device: torch.device,
     `timeline` receives the seconds of each part (train/load/<part> metrics)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ait.train.chat_format import prepare_tokenizer
+    from ait.chat.renderers import prepare_tokenizer
 
     timeline = {} if timeline is None else timeline
     t = time.monotonic()

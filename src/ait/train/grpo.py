@@ -114,7 +114,7 @@ def train(job: Job, base_model_path: str) -> TrainOutput:
     if surface is None:
         raise RuntimeError("env.py surface invalid: " + "; ".join(errors))
     train_cfg = job.config.train
-    from ait.train.chat_format import prepare_tokenizer
+    from ait.chat.renderers import prepare_tokenizer
 
     t_load = time.monotonic()
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ait.train.chat_format import parse_reply
+from ait.chat.renderers import HFRenderer
 from ait.train.decode import Decoder
 
 TOOL_RESULT_CHARS = 4000  # longer tool output is cut: one chatty tool must not fill the context
@@ -128,6 +128,7 @@ def rollout_batch(decoder: Decoder, tokenizer, surface, rows: list[dict[str, Any
     schemas = tool_schemas(surface)
     continuation = Continuation(tokenizer, schemas)
     names = set(surface.tools)
+    renderer = HFRenderer(tokenizer)  # the hidden eval and the HF policy read replies through it too
     envs, rollouts = [], []
     rendered: dict[int, list[int]] = {}  # a GRPO group repeats one row object: render its prompt once
     for row in rows:
@@ -136,9 +137,7 @@ def rollout_batch(decoder: Decoder, tokenizer, surface, rows: list[dict[str, Any
             env.reset(json.loads(row["info"]) if isinstance(row["info"], str) else row["info"])
         envs.append(env)
         if id(row) not in rendered:
-            text = tokenizer.apply_chat_template(row["prompt"], tools=schemas or None, tokenize=False,
-                                                 add_generation_prompt=True)
-            rendered[id(row)] = tokenizer(text, add_special_tokens=False)["input_ids"]
+            rendered[id(row)] = renderer.build_generation_prompt(row["prompt"], schemas)
         ids = list(rendered[id(row)])
         rollouts.append(Rollout(row=row, ids=ids, prompt_len=len(ids)))
     remaining = [max_completion_length] * len(rows)
@@ -159,7 +158,7 @@ def rollout_batch(decoder: Decoder, tokenizer, surface, rows: list[dict[str, Any
             if len(ids) < len(s.ids):
                 stopped = False
             prefix = r.ids
-            content, calls = parse_reply(tokenizer, ids, tokenizer.decode(ids, skip_special_tokens=True), prefix)
+            content, calls = renderer.parse_response(ids, prefix)
             r.ids = prefix + ids
             r.sampled += [True] * len(ids)
             r.logprobs += lps

@@ -170,7 +170,7 @@ class LocalBackend:
         from transformers.utils import logging as hf_logging
 
         from ait.train.attention import avoid_cudnn_attention, grouped_attention_name
-        from ait.train.chat_format import prepare_tokenizer
+        from ait.chat.renderers import prepare_tokenizer
         from ait.train.models import resolve_base_model
 
         hf_logging.disable_progress_bar()

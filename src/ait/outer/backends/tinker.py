@@ -208,7 +208,7 @@ class TinkerBackend:
     def tokenizer(self) -> Any:
         """The base model's tokenizer (chat template, tool-call parser), prepared once."""
         if not self._tokenizer_ready:
-            from ait.train.chat_format import prepare_tokenizer
+            from ait.chat.renderers import prepare_tokenizer
 
             raw = self._tokenizer if self._tokenizer is not None else self._training().get_tokenizer()
             self._tokenizer, self._tokenizer_ready = prepare_tokenizer(raw), True
