@@ -101,7 +101,10 @@ class Zygote:
         self.proc = None
 
 
-def _child(req: dict, write_fd: int) -> None:
+REPORT_FD = 3  # where a child's launcher finds the pipe for its disk report (ait.sandbox.diskfs)
+
+
+def _child(req: dict, write_fd: int, report_fd: int | None = None) -> None:
     """In the forked child: detach, wire output, apply the layers, run the module. Never returns."""
     code = 1
     try:
@@ -111,7 +114,9 @@ def _child(req: dict, write_fd: int) -> None:
         os.dup2(devnull, 0)
         os.dup2(write_fd, 1)
         os.dup2(write_fd, 2)
-        os.closerange(3, 65536)  # the zygote's request pipes must not reach agent code
+        if report_fd is not None and report_fd != REPORT_FD:  # kept by the launcher's waiter alone (the run closes it)
+            os.dup2(report_fd, REPORT_FD, inheritable=False)
+        os.closerange(3 if report_fd is None else REPORT_FD + 1, 65536)  # the zygote's request pipes must not reach agent code
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
@@ -153,13 +158,23 @@ def _check_fork_safe() -> None:
 
 
 def _serve_one(req: dict) -> dict:
+    from ait.sandbox.diskfs import read_report
+
     read_fd, write_fd = os.pipe()
+    report_r = report_w = None
+    if req["plan"].get("disk"):
+        report_r, report_w = os.pipe()
+        req["plan"]["disk"]["report_fd"] = REPORT_FD
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
         os.close(read_fd)
-        _child(req, write_fd)
+        if report_r is not None:
+            os.close(report_r)
+        _child(req, write_fd, report_w)
     os.close(write_fd)
+    if report_w is not None:
+        os.close(report_w)
     capture = Capture(os.fdopen(read_fd, "rb"), Path(req["log_path"]))
     plan = LaunchPlan.model_validate(req["plan"])
     watchdog = start_watchdog(pid, plan.policy, plan.cgroups)  # the child's setsid makes its pid the session
@@ -176,8 +191,10 @@ def _serve_one(req: dict) -> dict:
             time.sleep(0.005)
     kill_group_pid(pid)  # whatever the child left running in its group
     capture.join()
+    disk = read_report(report_r, plan.disk) if report_r is not None else None
     return {"returncode": None if timed_out else os.waitstatus_to_exitcode(status), "timed_out": timed_out,
-            "seconds": time.monotonic() - start, "log_tail": capture.tail(), "watch": finish_watch(watchdog)}
+            "seconds": time.monotonic() - start, "log_tail": capture.tail(), "watch": finish_watch(watchdog),
+            **({"disk": disk} if disk is not None else {})}
 
 
 EXIT_EOF = 3  # a server's exit status: the parent closed the request pipe, so the zygote exits too
