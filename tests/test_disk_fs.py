@@ -5,8 +5,8 @@ writer passes any limit between two walks: the probe held 2 GiB against its 1 Gi
 lost them. Where the private root is built, a run's directory is a tmpfs (the probe) or a
 loop-mounted ext4 image (training) of exactly its disk limit: a write past it fails with ENOSPC,
 however it is made (unlinked, fallocated, sparse, hard-linked, through a descriptor handed to
-another process), the host never loses more than the limit, and only what is kept on purpose
-survives the run.
+another process), the host never loses more than the limit, the failure is the job's and says
+"disk", and only what is kept on purpose survives the run.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from ait.compute.run_job import classify_failure
+from ait.job.types import FailReason
 from ait.sandbox import Limits, RunOutcome, SandboxPolicy, run_untrusted
 from ait.sandbox import diskfs
 from ait.sandbox.detect import cached_capabilities, disk_detail
@@ -164,6 +166,7 @@ def test_a_write_past_the_limit_fails_with_enospc_and_the_host_keeps_its_space(t
     assert report["errno"] == 28 and report["written"] <= LIMIT, report  # ENOSPC, within the limit
     assert outcome.disk_fs == kind and outcome.disk_full, outcome
     assert outcome.watchdog is None  # the kernel bound it, long before a walk would have
+    assert classify_failure(RunOutcome(1, False, 1.0, "", disk_full=outcome.disk_full)) is FailReason.disk
     assert space.dropped < LIMIT + SLACK, f"the host lost {space.dropped / 2**20:.0f} MiB"
     assert report["nosuid"] and report["nodev"] and report["noexec"] == (kind == "tmpfs"), report
     assert sorted(os.listdir(tmp_path)) == ["log", "run"]  # the image is gone
@@ -239,6 +242,72 @@ def test_no_loop_device_stays_behind(tmp_path):
             assert str(tmp_path) not in backing.read_text(), backing
         except FileNotFoundError:
             pass  # detached meanwhile
+
+
+def test_the_probe_that_fills_its_disk_is_refused_as_disk(tmp_path, monkeypatch):
+    """Through the probe's warm zygote, as an episode runs it: env.py writes into an unlinked file."""
+    need("tmpfs")
+    from ait.probe import runner
+    from ait.probe.types import ProbeCheck
+    from ait.spec import load_spec
+    from tests.test_probe import TASK, build_workspace
+
+    monkeypatch.setattr(runner, "PROBE_LIMITS", runner.PROBE_LIMITS.model_copy(update={"disk_bytes": LIMIT}))
+    ws = build_workspace(tmp_path / "ws", append=f"""
+        import os as _os
+        _held = open(_os.path.join(_os.environ["TMPDIR"], "held"), "wb", buffering=0)
+        _os.unlink(_held.name)
+        for _ in range({ATTEMPT // 2**20}):
+            _held.write(b"x" * 2**20)
+    """)
+    with FreeSpace(tmp_path) as space:
+        report = runner.probe_workspace(ws, load_spec(TASK), timeout_s=120)
+    assert not report.valid
+    assert report.errors[0].check is ProbeCheck.disk, report.errors
+    assert "ran out of disk" in report.errors[0].message and "32 MiB" in report.errors[0].message
+    assert space.dropped < LIMIT + SLACK
+
+
+def test_a_training_job_that_fills_its_disk_fails_as_disk(tmp_path, monkeypatch):
+    """Through run_job, as a worker runs it: training writes into a file it unlinked, past its limit."""
+    need("image")
+    from ait.compute import run_job as run_job_mod
+    from tests.test_hostile_jobs import make_job
+
+    policy_for_job = run_job_mod.train_policy
+
+    def small_disk(*args, **kwargs):
+        policy = policy_for_job(*args, **kwargs)
+        assert policy.disk_fs == "image"
+        return policy.model_copy(update={"limits": policy.limits.model_copy(update={"disk_bytes": LIMIT})})
+
+    monkeypatch.setattr(run_job_mod, "train_policy", small_disk)
+    fill = f"""
+        import os
+        held = open(os.path.join(os.getcwd(), "held"), "wb", buffering=0)
+        os.unlink(held.name)
+        for _ in range({ATTEMPT // 2**20}):
+            held.write(b"x" * 2**20)
+    """
+    job = make_job(tmp_path, "fill", fill)
+    with FreeSpace(tmp_path) as space:
+        result = run_job_mod.run_job(job)
+    assert not result.ok and result.fail_reason is FailReason.disk, (result.fail_reason, result.error)
+    assert "ran out of disk" in result.error and "No space left on device" in result.error
+    assert space.dropped < LIMIT + SLACK, f"the host lost {space.dropped / 2**20:.0f} MiB"
+    run_dir = Path(job.run_dir)
+    assert not any((run_dir / "job").iterdir())  # what it wrote was deleted
+    assert not any(p.name.endswith(".ait-disk.img") for p in run_dir.iterdir())
+
+
+def test_a_disk_verdict_is_the_jobs_own_failure():
+    assert classify_failure(RunOutcome(1, False, 1.0, "", disk_full=True)) is FailReason.disk
+    assert classify_failure(RunOutcome(-9, False, 1.0, "", watchdog="over", watchdog_rule="disk")) is FailReason.disk
+    assert classify_failure(RunOutcome(None, True, 1.0, "", disk_full=True)) is FailReason.timeout
+    from ait.job.types import JobResult
+    from ait.reward import died
+
+    assert died(JobResult(job_id="j", ok=False, fail_reason=FailReason.disk))  # not infra: it scores as a dead job
 
 
 def test_the_disk_layer_names_the_bound_that_applies():
