@@ -139,16 +139,21 @@ class _Disk:
         self.plan = diskfs.prepare(policy, available, [*paths.read, *paths.write])
         self.report_r: int | None = None
 
-    def open_report(self) -> int | None:
-        """The pipe's write end for the launcher's waiter (its number goes in the plan), or None."""
+    def pass_fds(self) -> tuple[int, ...]:
+        """For a launcher started here: its report pipe's write end and its fanotify group (their
+        numbers go in the plan); none without a file system of its own."""
+        from ait.sandbox import diskfs
+
         if self.plan is None:
-            return None
+            return ()
         self.report_r, self.plan.report_fd = os.pipe()
-        return self.plan.report_fd
+        self.plan.watch_fd = diskfs.watch_group()  # held here until the run has ended (see DiskPlan.watch_fd)
+        return tuple(fd for fd in (self.plan.report_fd, self.plan.watch_fd) if fd is not None)
 
     def close_writer(self) -> None:
         if self.plan is not None and self.plan.report_fd is not None:
             os.close(self.plan.report_fd)
+            self.plan.report_fd = None
 
     def done(self, reported: dict | None = None, keep: bool = True) -> dict:
         """After the run (its processes gone): what the waiter saw, as RunOutcome fields; the image
@@ -164,6 +169,9 @@ class _Disk:
                       "disk_full": reported.get("disk_full") is True}
         else:
             fields = {"disk_fs": None, "disk_full": False}
+        if self.plan is not None and self.plan.watch_fd is not None:
+            os.close(self.plan.watch_fd)  # the waiter's mark went with its file system: no wait here
+            self.plan.watch_fd = None
         diskfs.release(self.plan)
         if self.policy.keep is not None and self.policy.write:
             diskfs.discard_unkept(self.policy.write[0], self.policy.keep if keep else [], self.before)
@@ -192,7 +200,7 @@ def start_untrusted(args: list[str], *, cwd: str | Path, log_path: str | Path, p
     except BaseException:
         cgroup.destroy(groups)
         raise
-    report_w = disk.open_report()
+    pass_fds = disk.pass_fds()
     plan = LaunchPlan(policy=policy, layers=layers, paths=paths, cgroups=groups, nproc_limit=nproc,
                       args=python_argv(args), disk=disk.plan)
 
@@ -206,7 +214,7 @@ def start_untrusted(args: list[str], *, cwd: str | Path, log_path: str | Path, p
     try:
         started = StartedProcess(["-m", "ait.sandbox.launch", plan.model_dump_json()], cwd=cwd, log_path=log_path,
                                  env=child_env, stdin=stdin, on_exit=on_exit,
-                                 pass_fds=(report_w,) if report_w is not None else ())
+                                 pass_fds=pass_fds)
     except BaseException:
         cgroup.destroy(groups)
         disk.close_writer()
@@ -238,7 +246,7 @@ def run_untrusted(args: list[str], *, cwd: str | Path, timeout_s: float, log_pat
             paths = plan_paths(policy)
             child_env = scrubbed_env(Path(policy.write[0]), {**(env or {}),
                                                              **({"AIT_EXPECT_GPU": "1"} if policy.gpu else {})})
-            disk = _Disk(policy, capabilities, layers, paths)  # the zygote's server makes the report pipe
+            disk = _Disk(policy, capabilities, layers, paths)  # the zygote's server makes the report pipe and watch
             plan = LaunchPlan(policy=policy, layers=layers, paths=paths, cgroups=groups, nproc_limit=nproc,
                               disk=disk.plan)
             reply = zygote.run(plan, args[1], args[2:], cwd=str(cwd), env=child_env, log_path=str(log_path),

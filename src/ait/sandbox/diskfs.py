@@ -27,8 +27,10 @@ and the parent deletes the image.
 
 It also watches the file system: a fanotify mark (root) hands it each file the run closes after
 writing, held open until it is read, so a file written until ENOSPC is seen full even when it was
-unlinked and its writer died at once; statvfs is polled besides. What it saw goes to the parent
-on a pipe (`report_fd`), never through a file the run could write.
+unlinked and its writer died at once; statvfs is polled besides. The fanotify group and a pipe
+for its report come from whoever starts the launcher (the parent, or the zygote's server), which
+reads the report once the run has ended: what the waiter saw never goes through a file the run
+could write.
 """
 
 from __future__ import annotations
@@ -83,6 +85,10 @@ class DiskPlan(BaseModel):
     """Mount it noexec."""
     report_fd: int | None = None
     """The pipe the waiter writes its report to (set by whoever starts the launcher)."""
+    watch_fd: int | None = None
+    """A fanotify group the waiter marks the file system on and reads (made by whoever starts the
+    launcher, which holds it until the run has ended: the last close of a group with marks waits an
+    RCU grace period, 6-28 ms measured, that the run's exit then never pays)."""
 
 
 # --- in the parent ------------------------------------------------------------------------------
@@ -278,19 +284,22 @@ def _configure(fd: int, img: int) -> None:
             raise
 
 
-def _watch_closes(fs_fd: int) -> int | None:
-    """A fanotify group reporting every file closed after writing on the file system of `fs_fd`
-    (None where fanotify cannot mark a whole file system: not root)."""
+def watch_group() -> int | None:
+    """A fanotify group for one run's waiter to watch its file system with (None where fanotify
+    cannot mark a whole file system: not root). Its events' descriptors open without blocking on a
+    FIFO. Pass it to the launcher (DiskPlan.watch_fd) and close it once the run has ended."""
+    if os.geteuid() != 0:
+        return None
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_LARGEFILE", 0)
+    fan = _libc().fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK, flags)
+    return fan if fan >= 0 else None
+
+
+def _watch_closes(group: int, fs_fd: int) -> bool:
+    """Mark the file system of `fs_fd` on `group`: every file closed after writing there is reported."""
     libc = _libc()
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_LARGEFILE", 0)  # a FIFO never blocks the read
-    fan = libc.fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK, flags)
-    if fan < 0:
-        return None
     libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]
-    if libc.fanotify_mark(fan, FAN_MARK_ADD | FAN_MARK_FILESYSTEM, FAN_CLOSE_WRITE, fs_fd, None) != 0:
-        os.close(fan)
-        return None
-    return fan
+    return libc.fanotify_mark(group, FAN_MARK_ADD | FAN_MARK_FILESYSTEM, FAN_CLOSE_WRITE, fs_fd, None) == 0
 
 
 def is_full(st: os.statvfs_result) -> bool:
@@ -436,19 +445,20 @@ class Waiter:
             copy_tree(self.host_fd, self.fs_fd, None, set(), skipped)
             if skipped:
                 raise OSError(errno.EIO, f"seeding it: {skipped[0]}")
-            self.fan_fd = _watch_closes(self.fs_fd)
+            if plan.watch_fd is not None and _watch_closes(plan.watch_fd, self.fs_fd):
+                self.fan_fd = plan.watch_fd
         except OSError as e:
             self.error = f"{plan.kind}: {e.strerror or e}"[:300]
-            for fd in (self.fs_fd, self.fan_fd):
-                if fd is not None:
-                    os.close(fd)
+            if self.fs_fd is not None:
+                os.close(self.fs_fd)
             self.fs_fd = self.fan_fd = None
             if mounted:
                 _libc().umount2(plan.path.encode(), MNT_DETACH)
 
     def close_in_child(self) -> None:
-        """The run never holds these: the host's directory (uncapped), the watch, the report pipe."""
-        for fd in (self.host_fd, self.fs_fd, self.fan_fd, self.plan.report_fd):
+        """The run never holds these: the host's directory (uncapped), the watch (its events open files
+        as root), the report pipe."""
+        for fd in (self.host_fd, self.fs_fd, self.plan.watch_fd, self.plan.report_fd):
             if fd is not None:
                 try:
                     os.close(fd)
@@ -543,6 +553,7 @@ def works(kind: str) -> str:
                 make_image(plan.image, size, 128, os.getuid(), os.getgid())
             except (OSError, subprocess.SubprocessError) as e:
                 return f"an ext4 image could not be made ({e})"
+        plan.watch_fd = watch_group()
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -579,6 +590,8 @@ def works(kind: str) -> str:
         _, status = os.waitpid(pid, 0)
         detail = os.read(read, 400).decode(errors="replace")
         os.close(read)
+        if plan.watch_fd is not None:
+            os.close(plan.watch_fd)
         return "" if os.waitstatus_to_exitcode(status) == 0 else f"a capped {kind} could not be used ({detail or 'failed'})"
     finally:
         shutil.rmtree(base, ignore_errors=True)  # the image too: it lies beside the directory
