@@ -43,12 +43,14 @@ def need(kind: str | None) -> None:
 
 
 class FreeSpace:
-    """The lowest free space of the file system holding `path`, sampled every 5 ms while running."""
+    """The lowest free space of the file system holding `path`, sampled every 5 ms while running;
+    and whether a mount under `path` was ever seen from here (the run's must stay in its namespace)."""
 
     def __init__(self, path: Path):
         self.path = path
         self.start = self.free()
         self.lowest, self._stop = self.start, threading.Event()
+        self.mounts_seen: set[str] = set()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def free(self) -> int:
@@ -56,8 +58,13 @@ class FreeSpace:
         return st.f_bavail * st.f_frsize
 
     def _run(self) -> None:
+        polls = 0
         while not self._stop.wait(0.005):
             self.lowest = min(self.lowest, self.free())
+            polls += 1
+            if polls % 10 == 0:
+                with open("/proc/self/mountinfo") as f:
+                    self.mounts_seen.update(line.split()[4] for line in f if str(self.path) in line.split()[4])
 
     def __enter__(self) -> FreeSpace:
         self._thread.start()
@@ -168,6 +175,7 @@ def test_a_write_past_the_limit_fails_with_enospc_and_the_host_keeps_its_space(t
     assert outcome.watchdog is None  # the kernel bound it, long before a walk would have
     assert classify_failure(RunOutcome(1, False, 1.0, "", disk_full=outcome.disk_full)) is FailReason.disk
     assert space.dropped < LIMIT + SLACK, f"the host lost {space.dropped / 2**20:.0f} MiB"
+    assert not space.mounts_seen  # the run's file system never showed in the host's mount table
     assert report["nosuid"] and report["nodev"] and report["noexec"] == (kind == "tmpfs"), report
     assert sorted(os.listdir(tmp_path)) == ["log", "run"]  # the image is gone
     assert os.listdir(run) == []  # HOME and TMPDIR were scratch
@@ -224,7 +232,7 @@ def test_what_is_kept_survives_and_scratch_does_not(tmp_path, kind):
     assert (run / "out/sparse").stat().st_blocks * 512 <= 64 * 1024  # copied as sparse
     assert not (run / "out/link").exists() and not (run / "out/link").is_symlink()  # links never followed
     assert not (run / "out/fifo").exists()
-    assert not (run / "out/setuid").stat().st_mode & (stat.S_ISUID | stat.S_ISGID)
+    assert not (run / "out/setuid").stat().st_mode & (stat.S_ISUID | stat.S_ISGID | stat.S_IWOTH)
     # Two links to one file: its bytes are copied once (the first name met), the other name is skipped.
     assert sum(1 for p in run.rglob("*") if p.is_file() and p.read_bytes() == b"w" * 5000) == 1
     assert sorted(os.listdir(tmp_path)) == ["log", "run"]  # the image is gone

@@ -311,8 +311,8 @@ def is_full(st: os.statvfs_result) -> bool:
 
 def copy_tree(src: int, dst: int, names: list[str] | None, seen: set, skipped: list[str], depth: int = 0) -> int:
     """Copy `names` (all entries when None) from directory `src` into `dst`: directories and regular
-    files only, never through a link, modes without setuid, setgid or sticky bits, sparse files with
-    their holes, a file already copied under another name skipped (its hard link would count its
+    files only, never through a link, modes without setuid, setgid, sticky or group/world write bits
+    (and always readable and writable by their owner), sparse files with their holes, a file already copied under another name skipped (its hard link would count its
     bytes twice on the host). Entries that cannot be copied are named in `skipped`. Returns how many
     entries were copied."""
     copied = 0
@@ -332,7 +332,7 @@ def copy_tree(src: int, dst: int, names: list[str] | None, seen: set, skipped: l
                 sfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=src)
                 try:
                     try:
-                        os.mkdir(name, st.st_mode & 0o777, dir_fd=dst)
+                        os.mkdir(name, 0o700 | (st.st_mode & 0o755), dir_fd=dst)
                     except FileExistsError:
                         pass
                     dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dst)
@@ -362,8 +362,8 @@ def _copy_file(src_dir: int, dst_dir: int, name: str) -> None:
         st = os.fstat(src)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
-        dst = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, st.st_mode & 0o777,
-                      dir_fd=dst_dir)
+        dst = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      0o600 | (st.st_mode & 0o755), dir_fd=dst_dir)
         try:
             pos = 0
             while pos < st.st_size:  # data extents only: a sparse file stays sparse on the host
