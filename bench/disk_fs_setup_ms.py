@@ -1,6 +1,6 @@
 """What a run's own capped file system (ait.sandbox.diskfs) costs per run, in milliseconds.
 
-    python bench/disk_fs_setup_ms.py [--repeats 15] [--disk-gib 16] [--files 100000]
+    python bench/disk_fs_setup_ms.py [--repeats 15] [--disk-gib 16] [--files 100000] [--json OUT.json]
 
 Three parts, each measured here on this host:
   image     the parent's share for training: a sparse file of --disk-gib truncated and made ext4
@@ -16,6 +16,7 @@ Prints one line per part and variant, then the per-run setup cost of each kind.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -56,6 +57,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--disk-gib", type=float, default=16.0)
     parser.add_argument("--files", type=int, default=100_000)
+    parser.add_argument("--json", help="also write the measurements here")
     args = parser.parse_args()
     caps = cached_capabilities()
     kinds = [k for k in VARIANTS if k is None or k in caps.disk_fs]
@@ -64,6 +66,9 @@ def main() -> None:
     size = int(args.disk_gib * 2**30)
     limits = Limits(disk_bytes=size, disk_files=args.files)
     base = Path(tempfile.mkdtemp(prefix="ait-bench-diskfs-"))
+    out: dict = {"kernel": caps.kernel, "disk_layer": layer.detail, "repeats": args.repeats,
+                 "disk_bytes": size, "disk_files": args.files, "cores": os.cpu_count(),
+                 "load_average_before": os.getloadavg()}
     try:
         if "image" in kinds:
             made = []
@@ -76,6 +81,8 @@ def main() -> None:
                 os.unlink(image)
             print(f"image   {args.disk_gib:g} GiB, {args.files} inodes: {ms(made)}; "
                   f"{allocated / 2**20:.1f} MiB allocated on the host")
+            out["make_image_ms"] = {"median": statistics.median(made) * 1000, "min": min(made) * 1000}
+            out["image_allocated_bytes"] = allocated
         results: dict[str, dict[str | None, list[float]]] = {}
         zygote = Zygote(["ait.sandbox.types"], env={"PATH": os.environ.get("PATH", ""), "HOME": str(base)})
         try:
@@ -93,9 +100,16 @@ def main() -> None:
             zygote.close()
         for mode, times in results.items():
             plain = statistics.median(times[None])
+            out[mode] = {str(kind or "host_dir"): {"median_ms": statistics.median(t) * 1000, "min_ms": min(t) * 1000}
+                         for kind, t in times.items()}
             for kind in kinds[1:]:
-                print(f"setup cost per run, {mode}, {kind}: {(statistics.median(times[kind]) - plain) * 1000:+.1f} ms"
+                cost = (statistics.median(times[kind]) - plain) * 1000
+                out[mode][str(kind)]["setup_ms"] = cost
+                print(f"setup cost per run, {mode}, {kind}: {cost:+.1f} ms"
                       + (" (making the image, above, included)" if kind == "image" else ""))
+        out["load_average_after"] = os.getloadavg()
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
