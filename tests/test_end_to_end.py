@@ -69,6 +69,9 @@ def test_reference_episode_end_to_end(tmp_path, spec):
     for name in ("manifest.json", "trajectory.jsonl", "reward.json", "episode.json", "job_result.json",
                  "submissions/1/probe.json", "workspace/env.py", "job/checkpoint/model.safetensors"):
         assert (run / name).exists(), name
+    # Training kept what it wrote on purpose; its HOME, TMPDIR and caches went when it ended.
+    assert {p.name for p in (run / "job").iterdir()} == {"train_request.json", "train_output.json", "checkpoint"}
+    assert not any(p.name.endswith(".ait-disk.img") for p in run.rglob("*"))  # its file system's image too
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["versions"]["trl"] and manifest["config"]["eval_size"] == 24
     # env.py went in as a fenced block in the message (write_file without content), byte for byte.

@@ -23,7 +23,8 @@ def test_doctor_reports_every_layer_as_json():
     result = CliRunner().invoke(app, ["doctor", "--json"])
     assert result.exit_code == 0, result.output
     names = [layer["name"] for layer in json.loads(result.stdout)["layers"]]
-    assert names == ["session", "rlimits", "env", "landlock", "mounts", "seccomp", "capabilities", "cgroups", "namespaces"]
+    assert names == ["session", "rlimits", "env", "landlock", "mounts", "disk", "seccomp", "capabilities", "cgroups",
+                     "namespaces"]
 
 
 def test_agent_code_is_refused_without_an_isolating_layer(tmp_path, monkeypatch):

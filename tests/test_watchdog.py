@@ -126,14 +126,16 @@ def test_a_run_that_fills_its_directory_is_killed(tmp_path, rule):
         result = finish_watch(dog)
         assert result["watchdog_rule"] == "disk"
         assert ("more than 20 MiB" in result["watchdog"]) if rule == "bytes" else ("more than 500 files" in result["watchdog"])
-        assert classify_failure(RunOutcome(proc.returncode, False, 1.0, "", **result)) is FailReason.crash
+        assert classify_failure(RunOutcome(proc.returncode, False, 1.0, "", **result)) is FailReason.disk
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
 
 
 def test_a_sandboxed_job_that_fills_the_disk_is_killed_and_what_it_wrote_deleted(tmp_path, monkeypatch):
-    """Through run_job, as a worker runs it: a training job writing in a loop into its directory."""
+    """Through run_job, as a worker runs it: a training job writing in a loop into its directory, on a
+    host without a file system of the run's own (tests/test_disk_fs.py has those): the watchdog's walk
+    is the bound."""
     from ait.compute import run_job as run_job_mod
     from ait.sandbox.detect import cached_capabilities
     from tests.test_hostile_jobs import make_job
@@ -144,14 +146,15 @@ def test_a_sandboxed_job_that_fills_the_disk_is_killed_and_what_it_wrote_deleted
 
     def small_disk(*args, **kwargs):
         policy = policy_for(*args, **kwargs)
-        return policy.model_copy(update={"limits": policy.limits.model_copy(update={"disk_bytes": 64 * 2**20})})
+        return policy.model_copy(update={"disk_fs": None,
+                                         "limits": policy.limits.model_copy(update={"disk_bytes": 64 * 2**20})})
 
     monkeypatch.setattr(run_job_mod, "train_policy", small_disk)
     fill = ("import os\nwhile True:\n    with open(os.path.join(os.getcwd(), f'fill{os.urandom(4).hex()}'), 'wb') as f:\n"
             "        f.write(os.urandom(2**20))")
     job = make_job(tmp_path, "fill", fill)
     result = run_job_mod.run_job(job)
-    assert not result.ok and result.fail_reason is FailReason.crash
+    assert not result.ok and result.fail_reason is FailReason.disk
     assert "over its disk limit" in result.error and "what it wrote was deleted" in result.error
     job_dir = Path(job.run_dir) / "job"
     assert job_dir.is_dir() and not any(job_dir.iterdir())

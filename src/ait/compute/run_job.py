@@ -35,6 +35,7 @@ from ait.sandbox import (
     run_untrusted,
     start_untrusted,
 )
+from ait.sandbox.watch import size
 from ait.spec import load_spec
 from ait.train.models import ModelResolutionError, resolve_base_model
 from ait.train.request import EXIT_GPU_FAULT, EXIT_NO_GPU, EXIT_OOM, TrainOutput, TrainRequest
@@ -52,7 +53,11 @@ def classify_failure(outcome: RunOutcome) -> FailReason:
         return FailReason.timeout
     if outcome.oom_killed or outcome.returncode == EXIT_OOM:
         return FailReason.oom
-    if outcome.watchdog:  # killed for its tasks (a fork bomb) or its disk use: the job's own doing
+    if outcome.disk_full or outcome.watchdog_rule == "disk":
+        # Its own file system filled (a write past its disk limit failed with ENOSPC), or the watchdog
+        # counted more than the limit: the job's own doing, whatever it did with the error.
+        return FailReason.disk
+    if outcome.watchdog:  # killed for its tasks (a fork bomb): the job's own doing
         return FailReason.crash
     if outcome.returncode in (EXIT_GPU_FAULT, EXIT_NO_GPU):
         # EXIT_NO_GPU: CUDA unusable at start, which under MPS is also what a neighbour's fault leaves
@@ -66,11 +71,19 @@ def classify_failure(outcome: RunOutcome) -> FailReason:
     return FailReason.crash
 
 
+TRAIN_KEEP = ("checkpoint", "train_output.json")
+"""What training writes on purpose; the rest of what it wrote (HOME, TMPDIR, caches, TRL's output
+directory) goes when it ends."""
+
+
 def train_policy(job: Job, model_path: str, job_dir: Path, extra_env: dict[str, str] | None) -> SandboxPolicy:
-    """The training process reads the workspace snapshot and the base weights, writes only the job dir."""
+    """The training process reads the workspace snapshot and the base weights, writes only the job dir:
+    into an ext4 image of its disk limit where this host can loop-mount one (else the watchdog bounds
+    it), of which only TRAIN_KEEP is copied back."""
     gpu, mps = gpu_settings(extra_env)
     return SandboxPolicy(read=[job.workspace, *model_read_paths(model_path)], write=[str(job_dir)], gpu=gpu,
-                         mps_pipe_dir=mps, limits=Limits(cpu_s=int(job.time_budget_s * job.kill_factor * 64) + 600))
+                         mps_pipe_dir=mps, limits=Limits(cpu_s=int(job.time_budget_s * job.kill_factor * 64) + 600),
+                         disk_fs="image", keep=list(TRAIN_KEEP))
 
 
 def usable_cores() -> int:
@@ -144,7 +157,7 @@ def run_job(job: Job, extra_env: dict[str, str] | None = None) -> JobResult:
             trainer = start_untrusted(args, cwd=job_dir, log_path=logs / "train.log", policy=policy, env=extra_env)
             processes.track(job.job_id, trainer.pid)
             outcome = trainer.finish(timeout_s)
-        return _score(job, job_dir, outcome, evaluator, req, eval_dir, start, base)
+        return _score(job, job_dir, outcome, evaluator, req, eval_dir, start, base, policy.limits.disk_bytes)
     except SandboxUnavailable as e:
         return JobResult(ok=False, fail_reason=FailReason.infra, error=f"not run: {e}", **base)
     finally:
@@ -159,7 +172,7 @@ def outputs_changed(report) -> int | None:
 
 
 def _score(job: Job, job_dir: Path, outcome: RunOutcome, evaluator, req, eval_dir: Path, start: float,
-           base: dict) -> JobResult:
+           base: dict, disk_bytes: int | None = None) -> JobResult:
     # The worker's clock, not the job's own report, is what the speed term uses.
     base = {**base, "train_seconds": outcome.seconds}
     if outcome.timed_out or outcome.returncode != 0:
@@ -168,7 +181,10 @@ def _score(job: Job, job_dir: Path, outcome: RunOutcome, evaluator, req, eval_di
             f"training exited with status {outcome.returncode} ({reason.value})"
         if outcome.watchdog:
             detail = f"training was killed: {outcome.watchdog}"
-        if outcome.watchdog_rule == "disk":
+        elif reason is FailReason.disk:
+            detail = (f"training ran out of disk: what it wrote reached its limit of {size(disk_bytes or 0)} "
+                      f"(writes past it failed: No space left on device; exit status {outcome.returncode})")
+        if reason is FailReason.disk:
             # What it wrote is worthless (no checkpoint comes from a killed run) and is what fills
             # the worker's disk: remove it now, not when the run directory is cleaned up.
             shutil.rmtree(job_dir, ignore_errors=True)
@@ -183,6 +199,10 @@ def _score(job: Job, job_dir: Path, outcome: RunOutcome, evaluator, req, eval_di
         # result would make it unreadable. Dropped here, and named in the result.
         trained, dropped = read_finite_json_model(job_dir / "train_output.json", TrainOutput, MAX_TRAIN_OUTPUT_BYTES)
     except UnsafeFile as e:  # missing or forged output: the job did not finish honestly
+        if outcome.disk_full:  # it could not write it: its disk was full
+            return JobResult(ok=False, fail_reason=FailReason.disk, error=(
+                f"training's output is unusable ({e}): what it wrote reached its disk limit of {size(disk_bytes or 0)} "
+                "(writes past it failed: No space left on device)"), total_seconds=time.monotonic() - start, **base)
         return JobResult(ok=False, fail_reason=FailReason.crash, error=f"training's output is unusable: {e}",
                          total_seconds=time.monotonic() - start, **base)
     try:

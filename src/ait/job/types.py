@@ -180,6 +180,7 @@ class FailReason(str, Enum):
     timeout = "timeout"
     killed = "killed"
     gpu_fault = "gpu_fault"
+    disk = "disk"  # its writes reached its disk limit (ENOSPC on its own file system, or the watchdog's count)
     infra = "infra"  # not the job's doing: the eval or the worker failed, the base model stopped resolving
 
 

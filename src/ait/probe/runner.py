@@ -19,6 +19,7 @@ from ait.probe.checks import verdict
 from ait.probe.types import Observations, ProbeCheck, ProbeError, ProbeReport, ProbeRequest
 from ait.safe_io import read_regular_file
 from ait.sandbox import Limits, SandboxPolicy, run_untrusted, scrubbed_env
+from ait.sandbox.watch import size
 from ait.sandbox.zygote import Zygote
 from ait.spec import TaskSpec
 from ait.train.models import model_availability
@@ -114,12 +115,22 @@ def run_child(workspace: Path, req: ProbeRequest, timeout_s: float) -> Observati
         req_path.write_text(req.model_dump_json())
         # The child may read the workspace and write only its scratch directory.
         read = [str(workspace), str(req_path)] + ([req.dry_run_model] if req.dry_run_model else [])
-        policy = SandboxPolicy(read=read, write=[str(scratch / "run")], limits=PROBE_LIMITS)
-        (scratch / "run").mkdir()
+        # What it writes goes to a tmpfs of its disk limit where the host has one (only the report is
+        # copied out when it ends); elsewhere the watchdog bounds it.
         obs_path = scratch / "run" / "observations.json"
+        policy = SandboxPolicy(read=read, write=[str(scratch / "run")], limits=PROBE_LIMITS, disk_fs="tmpfs",
+                               keep=[obs_path.name])
+        (scratch / "run").mkdir()
         outcome = run_untrusted(["-m", "ait.probe.child", str(workspace), str(req_path), str(obs_path)],
                                 cwd=scratch / "run", timeout_s=timeout_s, log_path=scratch / "probe.log",
                                 policy=policy, zygote=probe_zygote())
+        if outcome.disk_full or outcome.watchdog_rule == "disk":
+            # Before the report: env.py that filled the disk may have left the probe unable to write it.
+            return ProbeError(check=ProbeCheck.disk, message=(
+                f"the probe ran out of disk: what env.py and the code it calls wrote reached the probe's limit of "
+                f"{size(PROBE_LIMITS.disk_bytes)} (writes past it failed: No space left on device), counting files "
+                "it deleted but kept open; write less, or write nothing at import and in build_dataset"
+                if not outcome.watchdog else f"the probe was killed: {outcome.watchdog}"))
         if outcome.timed_out:
             return ProbeError(check=ProbeCheck.timeout, message=f"the probe did not finish within {timeout_s:.0f}s: "
                               "env.py's import, build_dataset, tools or rewards are too slow or never return")

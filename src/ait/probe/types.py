@@ -23,6 +23,7 @@ class ProbeCheck(str, Enum):
     dry_run = "dry_run"        # a rollout with the tiny model through the agent's env failed
     timeout = "timeout"        # the probe ran past its time limit
     crash = "crash"            # the probe process died (memory, signal, exit from agent code)
+    disk = "disk"              # the probe's writes reached its disk limit
 
 
 class ProbeError(BaseModel):

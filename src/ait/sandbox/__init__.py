@@ -9,7 +9,9 @@ run made); all capabilities dropped when running as root; a private root file sy
 mount and PID namespaces (only the allowed paths exist; no host sockets, /tmp or /dev/shm);
 Landlock (reads from an allow-list, writes only in the run's directory, no TCP, no signals
 outside); seccomp (no network sockets, no connect(2), ptrace, mount, namespaces, bpf,
-keyctl); a private network namespace. The layers are applied in the child by
+keyctl); a private network namespace; in the private root, a file system of the run's own for
+its directory, capped at its disk limit (ait.sandbox.diskfs: a write past it fails with ENOSPC,
+and only the names the policy keeps are copied out). The layers are applied in the child by
 `ait.sandbox.launch` before it execs the target.
 
 Fail closed: agent code runs only where a layer that confines the file system works
@@ -123,6 +125,59 @@ def count_user_tasks() -> int:
     return count
 
 
+class _Disk:
+    """One run's disk bound on the parent's side: its own file system where this host has the kind the
+    policy asks for (ait.sandbox.diskfs; the image is made here), and what is kept when it ends."""
+
+    def __init__(self, policy: SandboxPolicy, capabilities, layers: list[str], paths) -> None:
+        from ait.sandbox import diskfs
+
+        self.policy = policy
+        # Regular files there before the run (its request) stay; HOME and TMPDIR are the run's scratch.
+        self.before = diskfs.regular_files(policy.write[0]) if policy.keep is not None and policy.write else set()
+        available = capabilities.disk_fs if "mounts" in layers else []
+        self.plan = diskfs.prepare(policy, available, [*paths.read, *paths.write])
+        self.report_r: int | None = None
+
+    def pass_fds(self) -> tuple[int, ...]:
+        """For a launcher started here: its report pipe's write end and its fanotify group (their
+        numbers go in the plan); none without a file system of its own."""
+        from ait.sandbox import diskfs
+
+        if self.plan is None:
+            return ()
+        self.report_r, self.plan.report_fd = os.pipe()
+        self.plan.watch_fd = diskfs.watch_group()  # held here until the run has ended (see DiskPlan.watch_fd)
+        return tuple(fd for fd in (self.plan.report_fd, self.plan.watch_fd) if fd is not None)
+
+    def close_writer(self) -> None:
+        if self.plan is not None and self.plan.report_fd is not None:
+            os.close(self.plan.report_fd)
+            self.plan.report_fd = None
+
+    def done(self, reported: dict | None = None, keep: bool = True) -> dict:
+        """After the run (its processes gone): what the waiter saw, as RunOutcome fields; the image
+        deleted; the run's directory stripped of everything but the kept names (and, with
+        keep=False, of those too: a run started again cold must not find them)."""
+        from ait.sandbox import diskfs
+
+        if self.report_r is not None:
+            fields = diskfs.read_report(self.report_r, self.plan)
+            self.report_r = None
+        elif reported is not None:
+            fields = {"disk_fs": reported.get("disk_fs") if reported.get("disk_fs") in ("tmpfs", "image") else None,
+                      "disk_full": reported.get("disk_full") is True}
+        else:
+            fields = {"disk_fs": None, "disk_full": False}
+        if self.plan is not None and self.plan.watch_fd is not None:
+            os.close(self.plan.watch_fd)  # the waiter's mark went with its file system: no wait here
+            self.plan.watch_fd = None
+        diskfs.release(self.plan)
+        if self.policy.keep is not None and self.policy.write:
+            diskfs.discard_unkept(self.policy.write[0], self.policy.keep if keep else [], self.before)
+        return fields
+
+
 def start_untrusted(args: list[str], *, cwd: str | Path, log_path: str | Path, policy: SandboxPolicy,
                     env: dict[str, str] | None = None, stdin: bool = False) -> StartedProcess:
     """Start `python args...` (["-m", module, ...] or ["-c", code, ...]) inside every layer this
@@ -137,23 +192,35 @@ def start_untrusted(args: list[str], *, cwd: str | Path, log_path: str | Path, p
     groups = cgroup.create(policy.limits.processes, policy.limits.memory_bytes) if "cgroups" in layers else []
     has_pids_max = any(Path(g, "pids.max").exists() for g in groups)
     nproc = None if has_pids_max else count_user_tasks() + policy.limits.processes
-    plan = LaunchPlan(policy=policy, layers=layers, paths=plan_paths(policy), cgroups=groups, nproc_limit=nproc,
-                      args=python_argv(args))
+    paths = plan_paths(policy)
+    # HOME and TMPDIR first: the run's own file system is seeded with what its directory holds.
     child_env = scrubbed_env(Path(policy.write[0]), {**(env or {}), **({"AIT_EXPECT_GPU": "1"} if policy.gpu else {})})
+    try:
+        disk = _Disk(policy, capabilities, layers, paths)
+    except BaseException:
+        cgroup.destroy(groups)
+        raise
+    pass_fds = disk.pass_fds()
+    plan = LaunchPlan(policy=policy, layers=layers, paths=paths, cgroups=groups, nproc_limit=nproc,
+                      args=python_argv(args), disk=disk.plan)
 
     watchdog = []  # the run's watchdog, once its session exists
 
     def on_exit() -> dict:
         events = cgroup.oom_events(groups)
         cgroup.destroy(groups)
-        return {**events, **finish_watch(watchdog[0] if watchdog else None)}
+        return {**events, **finish_watch(watchdog[0] if watchdog else None), **disk.done()}
 
     try:
         started = StartedProcess(["-m", "ait.sandbox.launch", plan.model_dump_json()], cwd=cwd, log_path=log_path,
-                                 env=child_env, stdin=stdin, on_exit=on_exit)
+                                 env=child_env, stdin=stdin, on_exit=on_exit,
+                                 pass_fds=pass_fds)
     except BaseException:
         cgroup.destroy(groups)
+        disk.close_writer()
+        disk.done(keep=False)
         raise
+    disk.close_writer()
     watchdog.append(start_watchdog(started.pid, policy, groups))  # its session id is its pid
     return started
 
@@ -172,21 +239,28 @@ def run_untrusted(args: list[str], *, cwd: str | Path, timeout_s: float, log_pat
         _refuse_if_unconfined(capabilities, policy)
         layers = [layer.name for layer in capabilities.layers if layer.active]
         groups = cgroup.create(policy.limits.processes, policy.limits.memory_bytes) if "cgroups" in layers else []
+        disk = None
         try:
             nproc = None if any(Path(g, "pids.max").exists() for g in groups) else \
                 count_user_tasks() + policy.limits.processes
-            plan = LaunchPlan(policy=policy, layers=layers, paths=plan_paths(policy), cgroups=groups,
-                              nproc_limit=nproc)
+            paths = plan_paths(policy)
             child_env = scrubbed_env(Path(policy.write[0]), {**(env or {}),
                                                              **({"AIT_EXPECT_GPU": "1"} if policy.gpu else {})})
+            disk = _Disk(policy, capabilities, layers, paths)  # the zygote's server makes the report pipe and watch
+            plan = LaunchPlan(policy=policy, layers=layers, paths=paths, cgroups=groups, nproc_limit=nproc,
+                              disk=disk.plan)
             reply = zygote.run(plan, args[1], args[2:], cwd=str(cwd), env=child_env, log_path=str(log_path),
                                timeout_s=timeout_s)
-            events = {**cgroup.oom_events(groups), **reply.get("watch", {})}
+            events = {**cgroup.oom_events(groups), **reply.get("watch", {}),
+                      **disk.done(reply.get("disk") if isinstance(reply.get("disk"), dict) else None)}
+            disk = None
             return RunOutcome(reply["returncode"], reply["timed_out"], reply["seconds"], reply.get("log_tail", ""),
                               **events)
         except ZygoteError:
             pass  # fall back to a cold start below
         finally:
             cgroup.destroy(groups)
+            if disk is not None:  # not run, or the zygote failed: a cold start begins afresh
+                disk.done(keep=False)
     return start_untrusted(args, cwd=cwd, log_path=log_path, policy=policy, env=env).finish(timeout_s)
 

@@ -15,7 +15,7 @@ import sys
 from ait.sandbox import cgroup
 from ait.sandbox.types import Capabilities, Layer
 
-DETECTOR_VERSION = 5  # bump when layers change, so cached detections are redone
+DETECTOR_VERSION = 6  # bump when layers change, so cached detections are redone
 
 
 
@@ -26,6 +26,11 @@ def _try_in_child() -> dict[str, str]:
     out: dict[str, str] = {}
     out["namespaces"] = namespaces.works()  # before seccomp, which refuses unshare
     out["mounts"] = mounts.works()
+    if not out["mounts"]:  # a run's own file system is mounted in the private root's namespace
+        from ait.sandbox import diskfs
+
+        for kind in ("tmpfs", "image"):
+            out[f"disk_{kind}"] = diskfs.works(kind)
     abi = landlock.abi_version()
     out["landlock"] = f"ABI {abi}" if abi else "kernel has no Landlock (needs Linux >= 5.13 with landlock in the LSM list)"
     try:
@@ -57,6 +62,7 @@ def detect() -> Capabilities:
     groups = cgroup.available()
     ns_problem = tried.get("namespaces", "detection failed")
     mounts_problem = tried.get("mounts", "detection failed")
+    disk_fs = [kind for kind in ("tmpfs", "image") if tried.get(f"disk_{kind}") == ""]
     layers = [
         Layer(name="session", active=True, isolating=False,
               detail="own session and process group, killed as a group on timeout; parent-death signal"),
@@ -71,6 +77,7 @@ def detect() -> Capabilities:
               detail="private root in mount and PID namespaces: only the allowed paths exist (no host sockets, "
                      "/tmp or /dev/shm), a fresh /proc, PID 1 kills what the run leaves behind"
               if not mounts_problem else mounts_problem),
+        Layer(name="disk", active=bool(disk_fs), isolating=False, detail=disk_detail(disk_fs, tried, mounts_problem)),
         Layer(name="seccomp", active=tried.get("seccomp") == "ok", isolating=True,
               detail="no network sockets, no connect(2), ptrace, mount, namespaces, bpf, keyctl, module loading"
               if tried.get("seccomp") == "ok" else tried.get("seccomp", "detection failed")),
@@ -86,7 +93,23 @@ def detect() -> Capabilities:
               detail="private network (no interfaces), IPC and hostname via unshare(2)"
               + ("" if root else " in a user namespace") if not ns_problem else ns_problem),
     ]
-    return Capabilities(kernel=platform.release(), detector=DETECTOR_VERSION, layers=layers)
+    return Capabilities(kernel=platform.release(), detector=DETECTOR_VERSION, layers=layers, disk_fs=disk_fs)
+
+
+WATCHDOG_BOUND = "the watchdog's walk every 2 s (a fast writer may pass the limit between walks)"
+
+
+def disk_detail(disk_fs: list[str], tried: dict[str, str], mounts_problem: str) -> str:
+    """Which bound holds a run's disk use here: the kernel's (a file system of the run's own, capped at
+    its disk limit: writes past it fail with ENOSPC) or only the watchdog's."""
+    if mounts_problem:
+        return f"no private mount namespace: disk is bounded by {WATCHDOG_BOUND}"
+    probe = ("the probe writes to a tmpfs of its disk limit" if "tmpfs" in disk_fs
+             else f"the probe is bounded by {WATCHDOG_BOUND} (tmpfs: {tried.get('disk_tmpfs', 'not tried')})")
+    train = ("training writes to an ext4 image of its disk limit on a loop device" if "image" in disk_fs
+             else f"training is bounded by {WATCHDOG_BOUND} (ext4 image: {tried.get('disk_image', 'not tried')})")
+    capped = "; writes past the limit fail with ENOSPC (unlinked, sparse, fallocated files too)" if disk_fs else ""
+    return f"{probe}; {train}{capped}; only what is kept is copied out"
 
 
 _memo: list[Capabilities] = []

@@ -3,7 +3,8 @@
     python -I -c BOOT PATHS -m ait.sandbox.launch PLAN_JSON     (then: python -I ... -m ait.train.main ...)
 
 Order matters: join the run's cgroups and set rlimits while still privileged, enter the
-namespaces (a private root needs the mount and PID namespaces, and a fork to become PID 1),
+namespaces (a private root needs the mount and PID namespaces, and a fork to become PID 1; the
+run's own size-capped file system, ait.sandbox.diskfs, is mounted just before that fork),
 drop capabilities, then Landlock and seccomp (both need no_new_privs, both survive exec).
 The allow-lists are computed by the parent (`plan_paths`), which also refuses any list that
 would expose AIT_HOME.
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from ait.sandbox.diskfs import DiskPlan
 from ait.sandbox.types import SandboxPolicy
 
 PR_SET_PDEATHSIG = 1
@@ -54,6 +56,8 @@ class LaunchPlan(BaseModel):
     """RLIMIT_NPROC to set when no pids cgroup is used."""
     args: list[str] = Field(default_factory=list)
     """The target's full argv (an isolated-mode python command line) to exec once confined."""
+    disk: DiskPlan | None = None
+    """The run's own file system for write[0] (with the mounts layer only), planned by the parent."""
 
 
 def python_read_paths() -> list[str]:
@@ -131,7 +135,12 @@ def apply(plan: LaunchPlan) -> None:
         if "mounts" in plan.layers:
             from ait.sandbox import mounts
 
-            mounts.unshare_and_fork()
+            waiter = None
+            if plan.disk is not None:
+                from ait.sandbox.diskfs import Waiter
+
+                waiter = Waiter(plan.disk)
+            mounts.unshare_and_fork(waiter)
             mounts.build_root(mounts.RootView(read=plan.paths.read, write=plan.paths.write,
                                               devices=plan.paths.devices, host_shm=False))
     if "capabilities" in plan.layers:

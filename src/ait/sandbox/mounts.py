@@ -75,15 +75,26 @@ def _pivot_root(new_root: str, put_old: str) -> None:
     _check(libc.syscall(PIVOT_ROOT[platform.machine()], new_root.encode(), put_old.encode()), "pivot_root")
 
 
-def unshare_and_fork() -> None:
+def unshare_and_fork(disk=None) -> None:
     """Enter new mount and PID namespaces. The caller continues as PID 1 of the new namespace; the
-    original process waits outside and leaves with the child's status (never returns)."""
+    original process waits outside and leaves with the child's status (never returns).
+    `disk` (an ait.sandbox.diskfs.Waiter): the run's own file system, mounted here before the fork
+    (build_root then binds it like any write path), watched while the child runs, and what it keeps
+    copied back once it has ended."""
     _check(_libc().unshare(CLONE_NEWNS | CLONE_NEWPID), "unshare(CLONE_NEWNS|CLONE_NEWPID)")
+    if disk is not None:
+        disk.setup()
     pid = os.fork()
     if pid == 0:
         _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # cleared by fork: the waiter's death ends the run
+        if disk is not None:
+            disk.close_in_child()
         return
-    _, status = os.waitpid(pid, 0)
+    if disk is not None:
+        status = disk.wait(pid)
+        disk.finish()
+    else:
+        _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):  # die of the same signal, so the parent sees what really happened
         sig = os.WTERMSIG(status)
         if sig not in (signal.SIGKILL, signal.SIGSTOP):  # their handlers cannot be set (EINVAL), nor need to be

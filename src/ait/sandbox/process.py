@@ -77,6 +77,11 @@ class RunOutcome:
     """Why ait's watchdog killed the run (ait.sandbox.watch), if it did."""
     watchdog_rule: str | None = None
     """Which of the watchdog's limits that was: "tasks", "memory" or "disk"."""
+    disk_fs: str | None = None
+    """The file system of its own the run wrote to ("tmpfs" or "image", ait.sandbox.diskfs), capped
+    at its disk limit by the kernel; None: the host's directory, bounded by the watchdog's walk."""
+    disk_full: bool = False
+    """That file system was seen full: a write past the run's disk limit failed (ENOSPC)."""
 
 
 def open_log(path: Path):
@@ -146,13 +151,15 @@ class StartedProcess:
     group and is safe to call more than once; `on_exit` runs once, after the group is dead."""
 
     def __init__(self, args: list[str], *, cwd: str | Path, log_path: str | Path, env: dict[str, str] | None = None,
-                 stdin: bool = False, argv: list[str] | None = None, on_exit=None):
-        """`argv` replaces the isolated-mode `python args` command line (the sandbox's launcher)."""
+                 stdin: bool = False, argv: list[str] | None = None, on_exit=None, pass_fds: tuple[int, ...] = ()):
+        """`argv` replaces the isolated-mode `python args` command line (the sandbox's launcher);
+        `pass_fds` are inherited (the launcher's report pipe)."""
         self.start = time.monotonic()
         self.on_exit = on_exit
         self.proc = subprocess.Popen(argv or python_argv(args), cwd=cwd, env=env,
                                      stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                     pass_fds=pass_fds)
         self.pid = self.proc.pid
         self.capture = Capture(self.proc.stdout, Path(log_path))
         self._exit_info: dict | None = None
@@ -177,7 +184,8 @@ class StartedProcess:
         return RunOutcome(None if timed_out else self.proc.returncode, timed_out, time.monotonic() - self.start,
                           self.capture.tail(), oom_killed=info.get("oom_killed", False),
                           memory_observed=info.get("memory_observed", False), watchdog=info.get("watchdog"),
-                          watchdog_rule=info.get("watchdog_rule"))
+                          watchdog_rule=info.get("watchdog_rule"), disk_fs=info.get("disk_fs"),
+                          disk_full=info.get("disk_full", False))
 
     def kill(self) -> None:
         kill_group_pid(self.proc.pid)  # also reaps grandchildren left behind by a finished parent

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
 
 
 class Limits(BaseModel):
@@ -20,10 +22,13 @@ class Limits(BaseModel):
     """RLIMIT_AS; None where a GPU is used (CUDA maps huge virtual ranges)."""
     disk_bytes: int | None = Field(default=16 * 2**30, ge=2**20)
     """Bytes the run may keep in its writable directories, all files together (RLIMIT_FSIZE
-    bounds one file, not a thousand). Checked by ait's watchdog every few seconds, so a fast
-    writer may pass it by a few GB before it is killed."""
+    bounds one file, not a thousand). Where the run writes to a file system of its own
+    (SandboxPolicy.disk_fs) this is that file system's size: a write past it fails with ENOSPC.
+    Elsewhere ait's watchdog checks it every few seconds, so a fast writer may pass it by a few
+    GB before it is killed."""
     disk_files: int | None = Field(default=100_000, ge=100)
-    """Files and directories the run may create there (a million empty files fill a disk's inodes)."""
+    """Files and directories the run may create there (a million empty files fill a disk's inodes):
+    the inode count of the run's own file system, else the watchdog's count."""
 
 
 class SandboxPolicy(BaseModel):
@@ -42,6 +47,26 @@ class SandboxPolicy(BaseModel):
     clients must; only where the private root hides every other socket (ait.sandbox.gpu_settings)."""
     limits: Limits = Field(default_factory=Limits)
     """Resource limits."""
+    disk_fs: Literal["tmpfs", "image"] | None = None
+    """Where this host has one (ait.sandbox.diskfs), what the run writes in write[0] goes to a file
+    system of its own, limits.disk_bytes in size, mounted over that directory in the run's mount
+    namespace: "tmpfs" (memory, charged to the run's memory limit: for a small disk limit, the
+    probe's) or "image" (an ext4 image on a loop device, disk-backed: training's). None: write[0]
+    is the host's directory itself, bounded by the watchdog alone."""
+    keep: list[str] | None = None
+    """Top-level names in write[0] that outlive the run (the checkpoint, the report). With a list,
+    everything else the run wrote there is gone when it ends: with its own file system, which only
+    these names are copied out of; without one, removed after it (regular files that were there
+    before the run, such as its request, stay). None: everything stays (never with disk_fs, whose
+    file system goes with the run)."""
+
+    @model_validator(mode="after")
+    def _keep_with_disk_fs(self) -> "SandboxPolicy":
+        if self.disk_fs is not None and self.keep is None:
+            raise ValueError("disk_fs needs keep: the names that outlive the run's own file system")
+        if any(not name or "/" in name or name in (".", "..") for name in self.keep or []):
+            raise ValueError("keep holds top-level names in write[0], without '/'")
+        return self
 
 
 class Layer(BaseModel):
@@ -64,6 +89,8 @@ class Capabilities(BaseModel):
     """Version of the detection code; a cache from another version is detected again."""
     layers: list[Layer]
     """Every layer, active or not."""
+    disk_fs: list[str] = Field(default_factory=list)
+    """The size-capped file systems a run can be given here ("tmpfs", "image"; ait.sandbox.diskfs)."""
 
     def active(self, name: str) -> bool:
         return any(layer.name == name and layer.active for layer in self.layers)

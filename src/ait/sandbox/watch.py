@@ -15,7 +15,10 @@ and the sandbox refuses setsid inside it) and kills the whole group when
   forked copies are not counted twice), passes the policy's `memory_bytes`; or
 - its writable directories hold more than `disk_bytes` (allocated blocks, so a sparse file costs
   what it uses) or `disk_files` entries: RLIMIT_FSIZE bounds one file, and a job that writes
-  4 GiB files in a loop would otherwise fill the worker's disk for every job after it.
+  4 GiB files in a loop would otherwise fill the worker's disk for every job after it. Where the
+  run writes to a file system of its own (ait.sandbox.diskfs) the kernel bounds it first (ENOSPC)
+  and this walk finds its host directory near empty; elsewhere the walk is the bound, and a fast
+  writer passes it by what it writes in 2 s.
 The verdict is the watchdog's own observation, as a memory cgroup's OOM event would be.
 """
 

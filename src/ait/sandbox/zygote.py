@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import fcntl
 import importlib
 import json
 import os
@@ -101,8 +102,10 @@ class Zygote:
         self.proc = None
 
 
-def _child(req: dict, write_fd: int) -> None:
-    """In the forked child: detach, wire output, apply the layers, run the module. Never returns."""
+def _child(req: dict, write_fd: int, keep_fds: tuple[int, ...] = ()) -> None:
+    """In the forked child: detach, wire output, apply the layers, run the module. Never returns.
+    `keep_fds` are moved to 3, 4, ... (the launcher's disk report pipe and watch: its waiter keeps
+    them, the run closes them at once); every other descriptor is closed."""
     code = 1
     try:
         os.setsid()
@@ -111,7 +114,10 @@ def _child(req: dict, write_fd: int) -> None:
         os.dup2(devnull, 0)
         os.dup2(write_fd, 1)
         os.dup2(write_fd, 2)
-        os.closerange(3, 65536)  # the zygote's request pipes must not reach agent code
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in keep_fds]  # out of the way of 3, 4, ...
+        for target, fd in enumerate(high, start=3):
+            os.dup2(fd, target, inheritable=False)
+        os.closerange(3 + len(keep_fds), 65536)  # the zygote's request pipes must not reach agent code
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
@@ -153,13 +159,25 @@ def _check_fork_safe() -> None:
 
 
 def _serve_one(req: dict) -> dict:
+    from ait.sandbox.diskfs import read_report, watch_group
+
     read_fd, write_fd = os.pipe()
+    report_r, keep_fds = None, ()
+    if req["plan"].get("disk"):  # the run's own file system: its waiter's report pipe and watch (ait.sandbox.diskfs)
+        report_r, report_w = os.pipe()
+        watch = watch_group()
+        keep_fds = (report_w,) if watch is None else (report_w, watch)
+        req["plan"]["disk"].update(report_fd=3, watch_fd=None if watch is None else 4)
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
         os.close(read_fd)
-        _child(req, write_fd)
+        if report_r is not None:
+            os.close(report_r)
+        _child(req, write_fd, keep_fds)
     os.close(write_fd)
+    if keep_fds:
+        os.close(keep_fds[0])  # the watch is held until the run has ended (see DiskPlan.watch_fd)
     capture = Capture(os.fdopen(read_fd, "rb"), Path(req["log_path"]))
     plan = LaunchPlan.model_validate(req["plan"])
     watchdog = start_watchdog(pid, plan.policy, plan.cgroups)  # the child's setsid makes its pid the session
@@ -176,8 +194,12 @@ def _serve_one(req: dict) -> dict:
             time.sleep(0.005)
     kill_group_pid(pid)  # whatever the child left running in its group
     capture.join()
+    disk = read_report(report_r, plan.disk) if report_r is not None else None
+    for fd in keep_fds[1:]:
+        os.close(fd)
     return {"returncode": None if timed_out else os.waitstatus_to_exitcode(status), "timed_out": timed_out,
-            "seconds": time.monotonic() - start, "log_tail": capture.tail(), "watch": finish_watch(watchdog)}
+            "seconds": time.monotonic() - start, "log_tail": capture.tail(), "watch": finish_watch(watchdog),
+            **({"disk": disk} if disk is not None else {})}
 
 
 EXIT_EOF = 3  # a server's exit status: the parent closed the request pipe, so the zygote exits too
