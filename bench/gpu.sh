@@ -33,6 +33,7 @@
 #               B_FAMILIES x B_VARIANTS (B_PACK), then B2_FAMILIES x B2_VARIANTS. The 1.5B cells run beside
 #               the 0.5B ones only on a card of 100 GB or more (SIDE_BY_SIDE=0|1 overrides: side by side
 #               on 80 GB both OOM). No cell starts after DEADLINE s from the stage's start  [job_surface_h200.sh]
+#               SURFACE_SET ("ledger.questions=net_change ..."): a rung of a family's ladder instead of its example task
 #   arc         the outer-loop arc, CONFIG (configs/outer/h200_qwen15.toml), resumed from STAGE/bundle when
 #               there is one; each new checkpoint packed as RESULTS/bundle.tar.part-* for the poll calls to
 #               bring back; restarted from its newest bundle after a crash, RESTARTS times (3)   [arc_h200.sh]
@@ -114,7 +115,7 @@ inner() {  # NAME SRC ARGS...: bench/inner_job.py with that source tree (today's
 surface_pass() {  # NAME FAMILIES VARIANTS PACK REPEAT: one bench/job_surface.py pass, within the stage's deadline
   local left=$(( ${DEADLINE:-950} - ($(date +%s) - surface_t0) ))
   note "surface $1 ($2: $3) starting, $left s to its deadline"
-  python3 bench/job_surface.py --families "$2" --variants "$3" --pack "$4" ${5:+--repeat "$5"} --deadline-s "$left" \
+  python3 bench/job_surface.py --families "$2" --variants "$3" --pack "$4" ${5:+--repeat "$5"} --deadline-s "$left" ${SURFACE_SET:+--set $SURFACE_SET} \
     --json "$R/surface-$1.json" --out "/root/work-$1" > "$R/surface-$1.log" 2>&1 && note "surface $1 done" || note "surface $1 rc=$?"
 }
 

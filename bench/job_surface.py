@@ -65,9 +65,40 @@ def cells(families: list[str], names: list[str], repeats: dict[str, int]) -> lis
     return out
 
 
-def make_job(family: str, variant: Variant, seed: int, out: Path, eval_n: int,
-             model_override: str | None) -> Job:
+def task_file(family: str, sets: dict[str, str], out: Path) -> Path:
+    """The family's example task, or a copy with --set's difficulty keys changed (a rung of its ladder;
+    load_spec checks the values against the family's difficulty model)."""
     task = ROOT / "examples" / "tasks" / f"{family}.json"
+    if not sets:
+        return task
+    data = json.loads(task.read_text())
+    for key, value in sets.items():
+        try:
+            data["difficulty"][key] = json.loads(value)  # numbers, booleans, lists
+        except json.JSONDecodeError:
+            data["difficulty"][key] = value  # a bare word: net_change
+    path = out / ("task-" + "-".join([family] + [f"{k}_{v}" for k, v in sorted(sets.items())]) + ".json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2))
+    load_spec(path)
+    return path
+
+
+def parse_sets(items: list[str]) -> dict[str, dict[str, str]]:
+    """--set FAMILY.KEY=VALUE ... -> {family: {key: value}}."""
+    sets: dict[str, dict[str, str]] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        family, dot, key = name.partition(".")
+        if not (eq and dot and family and key):
+            raise SystemExit(f"--set {item!r}: expected FAMILY.KEY=VALUE, e.g. ledger.questions=net_change")
+        sets.setdefault(family, {})[key] = value
+    return sets
+
+
+def make_job(family: str, variant: Variant, seed: int, out: Path, eval_n: int,
+             model_override: str | None, sets: dict[str, str] | None = None) -> Job:
+    task = task_file(family, sets or {}, out)
     spec = load_spec(task)
     if model_override:  # a CPU smoke run: every cell on one small model
         variant = Variant(variant.name, variant.train, model_override, variant.partial_credit, variant.control,
@@ -114,7 +145,7 @@ def run(args, out: Path) -> list[dict]:
     def one(family: str, variant: Variant, seed: int) -> None:
         if time.monotonic() - start > args.deadline_s:
             return
-        job = make_job(family, variant, seed, out, args.eval_n, args.model_override)
+        job = make_job(family, variant, seed, out, args.eval_n, args.model_override, args.set.get(family))
         t0 = time.monotonic() - start
         try:
             r = executor.run(job)
@@ -125,6 +156,7 @@ def run(args, out: Path) -> list[dict]:
         shutil.rmtree(Path(job.run_dir) / "job" / "checkpoint", ignore_errors=True)
         with lock:
             rows.append(row(family, variant, seed, job, r, t0, time.monotonic() - start))
+            rows[-1]["task_set"] = args.set.get(family) or {}
             save(args, rows)
             x = rows[-1]
             console.print(f"[{x['ended_s']:6.0f}s] {family:16s} {variant.name:26s} ok={x['ok']} pre={x['pre']} "
@@ -231,6 +263,8 @@ def main() -> int:
     p.add_argument("--eval-n", type=int, default=200)
     p.add_argument("--deadline-s", type=float, default=1e9, help="start no cell after this many seconds")
     p.add_argument("--gpu", default="0")
+    p.add_argument("--set", nargs="*", default=[], metavar="FAMILY.KEY=VALUE",
+                   help="a rung: change the family's difficulty keys, e.g. ledger.questions=net_change")
     p.add_argument("--model-override", default=None, help="train every cell on this model (CPU smoke: tiny)")
     p.add_argument("--out", default=None, help="work directory (default: a temp dir)")
     p.add_argument("--json", default=None, help="write every finished cell here")
@@ -251,6 +285,7 @@ def main() -> int:
         return 0
     args.families = [f for f in args.families.split(",") if f]
     args.variants = list(VARIANTS) if args.variants == "all" else [v for v in args.variants.split(",") if v]
+    args.set = parse_sets(args.set)
     args.repeat = {k: int(v) for k, _, v in (x.partition(":") for x in args.repeat.split(",") if x)}
     out = Path(args.out or tempfile.mkdtemp(prefix="ait-surface-"))
     out.mkdir(parents=True, exist_ok=True)
