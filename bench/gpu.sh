@@ -36,7 +36,8 @@
 #               SURFACE_SET ("ledger.questions=net_change ..."): a rung of a family's ladder instead of its example task
 #   arc         the outer-loop arc, CONFIG (configs/outer/h200_qwen15.toml), resumed from STAGE/bundle when
 #               there is one; each new checkpoint packed as RESULTS/bundle.tar.part-* for the poll calls to
-#               bring back; restarted from its newest bundle after a crash, RESTARTS times (3)   [arc_h200.sh]
+#               bring back; restarted from its newest bundle after a crash, RESTARTS times (3); jobs_per_gpu
+#               ARC_JOBS_PER_GPU (default: the config's, 4 on a card under 100 GB)               [arc_h200.sh]
 #   agent-eval  `ait eval` of the hf:qwen2.5-coder-0.5b agent on the five training families, jobs through a
 #               background `ait worker`: EPISODES (2), TIMEOUT (330 s an episode), LIMIT (520 s) [gpu_agent_eval.sh]
 #   gpu-tests   pytest -m gpu tests/test_gpu.py (the GPU paths CI cannot run)          [h200_session.sh gputests]
@@ -158,7 +159,13 @@ pack_newest() {  # the newest complete checkpoint as 15 MiB pieces (at most 5 fi
 # An arc that continues carries the last machine's pieces (kept in the ignored .arc/) and joins them first:
 #   mkdir -p /root/stage/bundle && cat .arc/bundle.tar.part-* | tar xf - -C /root/stage/bundle
 stage_arc() {
-  local config=${CONFIG:-configs/outer/h200_qwen15.toml} from=""
+  local config=${CONFIG:-configs/outer/h200_qwen15.toml} from="" gib
+  gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+  # The H200 arc peaked at 113 GB (agent ~32 GiB, 8 jobs ~10 GB each): on an 80 GB card 4 jobs at once.
+  if [ -n "${ARC_JOBS_PER_GPU:-}" ] || [ "${gib:-200000}" -lt 100000 ]; then
+    sed "s/^jobs_per_gpu = [0-9]*/jobs_per_gpu = ${ARC_JOBS_PER_GPU:-4}/" "$config" > /root/arc-config.toml
+    config=/root/arc-config.toml; note "GPU memory ${gib:-?} MiB: jobs_per_gpu = ${ARC_JOBS_PER_GPU:-4}"
+  fi
   for m in ${ARC_MODELS-smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b}; do need "$m" & done; wait
   [ -d "$STAGE/bundle" ] && from=$STAGE/bundle
   for n in $(seq 1 $((${RESTARTS:-3} + 1))); do  # a crash is one more machine lost: resume from the newest bundle
