@@ -150,6 +150,11 @@ newest_bundle() {  # the highest complete step over this machine's arc run direc
 packed_bundle=""
 pack_newest() {  # the newest complete checkpoint as 15 MiB pieces (at most 5 fit the 64 MiB a call brings back)
   local newest; newest=$(newest_bundle)
+  local start; start=$(ls -d "$R"/arc/checkpoints/step_0 2>/dev/null)
+  if [ -n "$start" ] && [ -f "$start/bundle.json" ] && [ ! -f "$R/step0.packed" ]; then  # the warm start, once:
+    tar cf - -C "$start" . | split -b 15M -d - "$R/step0.tar.part-"  # the arc's end is compared with it
+    touch "$R/step0.packed"; note "bundle step_0 (the warm start) packed: $(ls "$R"/step0.tar.part-* | wc -l) pieces"
+  fi
   if [ -n "$newest" ] && [ "$newest" != "$packed_bundle" ]; then
     rm -f "$R"/bundle.tar.part-*
     tar cf - -C "$newest" . | split -b 15M -d - "$R/bundle.tar.part-"

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The poll call beside bench/gpu.sh: wait, show where the run stands, and bring back what it made so far
+# (a machine that goes away takes everything on it).
+#
+#   bash bench/gpu_poll.sh SECONDS        # on the GPU machine, inside a `run` call; $OUT comes back
+#
+# Prints the end of progress.log, the arc's per-step rows (reward, valid rate, seconds; per family the
+# job_quality mean and within-group std and the distinct job configurations) and the last log line; then
+# writes $OUT/results.tgz (RESULTS without weights, checkpoints or pieces) and copies the newest bundle's
+# pieces, and the warm start's (step_0) once. A call brings back at most 8 files and 64 MiB.
+R=${RESULTS:-/root/results}
+sleep "${1:-0}"
+tail -n "${TAIL:-8}" "$R/progress.log" 2>/dev/null
+for m in "$R"/arc*/metrics.jsonl; do
+  [ -f "$m" ] && python3 - "$m" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    fam = " ".join(f"{k}:q{v['job_quality_mean']:+.3f}/sd{v['job_quality_std']:.3f}/c{v['distinct_configs']}/v{v['valid_rate']:.2f}"
+                   for k, v in sorted(r.get("families", {}).items()))
+    print(f"step {r['step']} {r['seconds']:.0f}s reward {r['reward_mean']:+.3f} valid {r['valid_rate']:.2f} {fam}")
+PY
+done
+ls "$R"/arc-*.log > /dev/null 2>&1 && grep -hv Warning "$R"/arc-*.log | tail -n 2 | cut -c1-300
+nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader 2>/dev/null
+[ -n "${OUT:-}" ] || exit 0
+tar czf "$OUT/results.tgz" --exclude='*.safetensors' --exclude='*.bin' --exclude='*.gguf' --exclude='*.part-*' \
+  --exclude=checkpoints --exclude='*.pt' -C "$R" . 2>/dev/null
+cp "$R"/bundle.tar.part-* "$OUT/" 2>/dev/null
+if [ ! -f "$R/step0.sent" ] && ls "$R"/step0.tar.part-* > /dev/null 2>&1; then
+  cp "$R"/step0.tar.part-* "$OUT/" && touch "$R/step0.sent"
+fi
+ls -la "$OUT" | tail -n +2 | awk '{print $5, $9}' | tr '\n' ' '; echo
