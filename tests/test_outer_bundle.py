@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_outer_loop import LORA_WITH_HEAD, ait_train, rows, submit_first_warm_start, write_config
+from test_outer_loop import LORA_WITH_HEAD, adapter, ait_train, rows, submit_first_warm_start, write_config
 from typer.testing import CliRunner
 
 from ait.cli import app
@@ -113,6 +113,12 @@ def test_an_arc_continues_on_another_machine_from_the_bundle_alone(tmp_path: Pat
     assert len(files) <= ckpt.MAX_FILES and sum(p.stat().st_size for p in files) <= 64 * MIB
     assert manifest["encoding"] == "float32" and manifest["step"] == 2  # the tiny agent fits exactly
     state_a = ckpt.load_state(step2)
+    # step_0 is the warm start, written before step 1 although no held-out task runs here: the adapter an
+    # arc's end compares its final one with, on a machine where the warm start was never built.
+    step0 = run_a / "checkpoints" / "step_0"
+    assert ckpt.load_state(step0).step == 0 and ckpt.verify_bundle(step0)["step"] == 0
+    start, warm_start = adapter(step0 / "backend"), adapter(warm)
+    assert start.keys() == warm_start.keys() and all(torch.equal(start[k], warm_start[k]) for k in start)
 
     # Machine B: the bundle alone. A's run, warm start and AIT_HOME are out of reach.
     bundle = b / "bundle"

@@ -12,7 +12,8 @@
 
 A checkpoint is written under step_N.tmp and renamed into place, so a directory named step_N
 is always complete; `latest` returns the highest complete one. A run with held-out tasks writes
-step_0 right after its step-0 evaluation, so a machine lost during step 1 keeps it.
+step_0 before its first step (after the step-0 held-out evaluation, if any): a machine lost during
+step 1 keeps the warm start, and the arc's end compares its final adapter with that one.
 
 A preemptible machine: copy step_N (at most MAX_FILES files; at most `checkpoint_max_mib`, 64 MiB
 by default, the local backend choosing its tensors' encoding to fit, ait.outer.state_codec) to the

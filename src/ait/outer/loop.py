@@ -117,13 +117,18 @@ def train(config: OuterConfig | None, run_dir: str | Path | None = None, *, resu
     config, backend, sampler = run.config, run.backend, run.sampler
     step, usd_total, stopped, saved_at = run.state.step, run.state.usd_total, "max_steps", run.state.step
     row: dict[str, Any] = {}
+    phases: dict[str, float] = {"checkpoint": 0.0}
     t_last = time.monotonic()
     try:
         if run.heldout_paths and step == 0 and not results_path(run.dir, 0).is_file():
             say("step 0: held-out evaluation of the starting policy (later ones are compared with it)")
             usd_total += sum(e.result.cost.total_usd for e in run.evaluate_heldout(0))
-            # A bundle now, so that a machine lost during step 1 keeps the warm start and this evaluation.
+        if step == 0 and not (ckpt.checkpoints_dir(run.dir) / "step_0").is_dir():
+            # A bundle now, so that a machine lost during step 1 keeps the warm start (and the step-0
+            # evaluation), and an arc's end can compare its final adapter with the warm start's.
+            t0 = time.monotonic()
             run.checkpoint(0, usd_total)
+            phases["checkpoint"] = time.monotonic() - t0
         while step < config.max_steps:
             if config.budget_usd is not None and usd_total >= config.budget_usd:
                 stopped = "budget"
@@ -132,15 +137,21 @@ def train(config: OuterConfig | None, run_dir: str | Path | None = None, *, resu
             sampler.fill(run.groups_needed(step))  # tops up: a no-op when the last step's fill already did
             say(f"step {step + 1}: waiting for {config.groups_per_step} group(s)")
             version = backend.step
+            t0 = time.monotonic()
             groups, dropped = sampler.take(config.groups_per_step, version, run.groups_needed(step))
+            phases["wait_groups"] = time.monotonic() - t0
             say(f"step {step + 1}: training")
+            t0 = time.monotonic()
             stats = backend.train_step([g.group for g in groups])
+            phases["train_step"] = time.monotonic() - t0
             step += 1
             sampler.fill(run.groups_needed(step))  # the next step's groups sample while this one finishes
             heldout = None
+            t0 = time.monotonic()
             if run.heldout_due(step):
                 say(f"step {step}: held-out evaluation")
                 heldout = run.evaluate_heldout(step)
+            phases["heldout"] = time.monotonic() - t0
             usd = sum(g.usd for g in groups + dropped) + sum(e.result.cost.total_usd for e in heldout or [])
             usd_total += usd
             now = time.monotonic()
@@ -148,11 +159,15 @@ def train(config: OuterConfig | None, run_dir: str | Path | None = None, *, resu
                                staleness=[version - g.group.policy_version for g in groups],
                                resampled=len(dropped), usd=usd, usd_total=usd_total, heldout=heldout,
                                infra_errors=sum(len(g.infra) for g in groups + dropped),
-                               transfer=heldout_transfer(run.dir, step) if heldout is not None else None)
+                               transfer=heldout_transfer(run.dir, step) if heldout is not None else None,
+                               phases=phases)
             t_last = now
             run.metrics.append(row)
+            phases = {"checkpoint": 0.0}
             if step % config.checkpoint_every == 0 or step == config.max_steps:
+                t0 = time.monotonic()
                 run.checkpoint(step, usd_total)
+                phases["checkpoint"] = time.monotonic() - t0  # counted in the next step's seconds
                 saved_at = step
             if on_step:
                 on_step(row)

@@ -27,6 +27,8 @@ KEYS: dict[str, str] = {
     "step": "outer steps completed (1-based; a resumed run continues the count)",
     "time": "unix time the row was written",
     "seconds": "wall seconds of this step (waiting for groups, training, held-out eval, checkpoint)",
+    "seconds_by_phase": "{wait_groups, train_step, heldout, checkpoint}: where `seconds` went (checkpoint: the "
+                        "previous step's bundle, written after its row; the rest is the loop's own bookkeeping)",
     "policy_version": "the backend's optimizer steps after this step (below `step` when steps had no signal)",
     "episodes": "training episodes in the groups trained on",
     "reward_mean": "mean episode reward (ait.reward total) of those episodes",
@@ -175,7 +177,8 @@ def family_figures(episodes: list[Episode]) -> dict[str, dict[str, Any]]:
 def step_metrics(step: int, groups: list[SampledGroup], stats: StepStats, *, version: int, seconds: float,
                  staleness: list[int], resampled: int, usd: float, usd_total: float,
                  heldout: list[Episode] | None = None, infra_errors: int = 0,
-                 transfer: tuple[Any, float | None] | None = None) -> dict[str, Any]:
+                 transfer: tuple[Any, float | None] | None = None,
+                 phases: dict[str, float] | None = None) -> dict[str, Any]:
     episodes = [e for g in groups for e in g.episodes]
     rewards = [e.trajectory.reward for e in episodes]
     results = [e.result for e in episodes]
@@ -187,7 +190,8 @@ def step_metrics(step: int, groups: list[SampledGroup], stats: StepStats, *, ver
     rates = [f"{c.train.learning_rate:g}" for c in configs]
     stops = [r.stop_reason.value for r in results]
     row: dict[str, Any] = {
-        "step": step, "time": time.time(), "seconds": seconds, "policy_version": version,
+        "step": step, "time": time.time(), "seconds": seconds, "seconds_by_phase": dict(phases or {}),
+        "policy_version": version,
         "episodes": len(episodes),
         "reward_mean": mu,
         "reward_std": pstd(rewards),
