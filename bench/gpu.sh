@@ -38,6 +38,9 @@
 #               there is one; each new checkpoint packed as RESULTS/bundle.tar.part-* for the poll calls to
 #               bring back; restarted from its newest bundle after a crash, RESTARTS times (3); jobs_per_gpu
 #               ARC_JOBS_PER_GPU (default: the config's, 4 on a card under 100 GB)               [arc_h200.sh]
+#   transfer    held-out transfer at the arc's end (bench/heldout_transfer.py): START (STAGE/step0, the warm
+#               start's bundle) against FINAL (the newest bundle here, else STAGE/bundle) on triage, the same
+#               seeds, this machine's hidden set: TRANSFER_EPISODES (16) each, a paired difference with 2 SE
 #   agent-eval  `ait eval` of the hf:qwen2.5-coder-0.5b agent on the five training families, jobs through a
 #               background `ait worker`: EPISODES (2), TIMEOUT (330 s an episode), LIMIT (520 s) [gpu_agent_eval.sh]
 #   gpu-tests   pytest -m gpu tests/test_gpu.py (the GPU paths CI cannot run)          [h200_session.sh gputests]
@@ -263,6 +266,13 @@ run_stage() {
       done ;;
     surface) stage_surface ;;
     arc) stage_arc ;;
+    transfer)
+      for m in ${ARC_MODELS-smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b}; do need "$m" & done; wait; jobs_mps
+      local final; final=${FINAL:-$(newest_bundle)}; final=${final:-$STAGE/bundle}
+      python3 bench/heldout_transfer.py --start "${START:-$STAGE/step0}" --final "$final" \
+        --episodes "${TRANSFER_EPISODES:-16}" --out /root/transfer --config "${CONFIG:-configs/outer/h200_qwen15.toml}" \
+        > "$R/transfer.log" 2>&1; note "transfer rc=$?: $(tail -2 "$R/transfer.log" | head -1)"
+      cp /root/transfer/transfer.json "$R/" 2>/dev/null ;;
     agent-eval) stage_agent_eval ;;
     gpu-tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py > "$R/gpu-tests.log" 2>&1 ;;
     importtime)
