@@ -14,6 +14,10 @@ from ait.spec import Constraints, build_spec
 
 OUT = Path(__file__).resolve().parents[1] / "src" / "ait" / "tasks"
 MODELS = ["tiny", "smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B"]
+CPU_TASK = "calc_chain_cpu"
+CPU_RUNG = {"n_ops": 1, "operators": "+", "operand_max": 9, "calculator": False}
+CPU_EVAL_N = 100
+CPU_BUDGET_S = 900.0
 
 
 def constraints(time_budget_s: float = 600.0) -> Constraints:
@@ -30,6 +34,13 @@ def specs() -> dict[str, str]:
     # A fast variant for smoke runs: shorter chains, a smaller hidden set, a tighter budget.
     out["calc_chain_fast"] = build_spec("calc_chain", task_id="calc_chain_fast", difficulty={"n_ops": 2},
                                         constraints=constraints(time_budget_s=120.0), hidden_eval_size=64)
+    # The default episode (`ait episode` with no --task): a real model that gets better on a laptop's CPU.
+    # SmolLM2-135M-Instruct adds single digits right but never writes the Answer line; no calculator is
+    # offered (with one listed it writes code instead of answering), and the prompts stay short, since a
+    # CPU pays for every prompt token of every rollout (docs/cpu-learning.md).
+    out[CPU_TASK] = build_spec("calc_chain", task_id=CPU_TASK, difficulty=CPU_RUNG, hidden_eval_size=CPU_EVAL_N,
+                               constraints=constraints(time_budget_s=CPU_BUDGET_S).model_copy(
+                                   update={"allowed_base_models": ["smollm2-135m", "tiny"]}))
     return {name: spec.model_dump_json(indent=2) + "\n" for name, spec in out.items()}
 
 

@@ -83,6 +83,9 @@ def test_reference_job_passes_ait_job_validate(path, tmp_path):
     spec = load_spec(path)
     ws = tmp_path / "ws"
     shutil.copytree(REFERENCE_JOBS / spec.family, ws)
+    # beside it the task's task.json, as every workspace has one (`ait job init`, an episode's): task_tools.py
+    # reads its knobs there (calc_chain_cpu's `calculator: false` leaves Environment without the calculator)
+    (ws / "task.json").write_text(spec.model_dump_json())
     result = CliRunner().invoke(app, ["job", "validate", str(ws), "--task", str(path), "--json"])
     report = json.loads(result.stdout)
     assert result.exit_code == 0 and report["valid"], report["errors"]

@@ -32,9 +32,10 @@ class Episode:
         self.runs = tmp_path / "runs"
         # SIGINT's Python handler installed explicitly: a test run started in the background by a shell
         # without job control inherits SIGINT ignored, and a Python started so never sees Ctrl-C.
-        self.proc = subprocess.Popen([sys.executable, "-c", WITH_CTRL_C, "episode", "--runs-dir", str(self.runs),
-                                      *extra], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+        # --task calc_chain: the tiny model's job, whether or not SmolLM2 (the default episode's) is installed
+        self.proc = subprocess.Popen([sys.executable, "-c", WITH_CTRL_C, "episode", "--task", "calc_chain",
+                                      "--runs-dir", str(self.runs), *extra], cwd=tmp_path, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True).start()
 

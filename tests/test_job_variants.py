@@ -12,8 +12,8 @@ from ait.harness.fenced import last_fenced_block
 from ait.harness.types import Message
 from ait.job.config import parse_job_config
 from ait.outer.spread import distinct_triples, job_spread, within_group_std
-from ait.policy.job_variants import (REFERENCE_MODEL, REFERENCE_TRAIN, VARIANTS, agent_job, tiny_job, triple,
-                                     variant_job)
+from ait.policy.job_variants import (REFERENCE_MODEL, REFERENCE_TRAIN, VARIANTS, agent_job, task_job, tiny_job,
+                                     triple, variant_job)
 from ait.policy.reference import ReferencePolicy, plant_slip, reference_job
 from ait.spec import load_spec
 
@@ -40,6 +40,12 @@ def written_job(policy: ReferencePolicy, spec) -> dict[str, str]:
 def test_every_variant_of_every_family_is_a_valid_job_on_its_model_and_on_tiny() -> None:
     for spec in SPECS:
         for name, v in VARIANTS.items():
+            if (v.base_model or REFERENCE_MODEL) not in spec.constraints.allowed_base_models:
+                # a task sized for a laptop (calc_chain_cpu) allows no GPU model: the variant is refused, not bent
+                with pytest.raises(ValueError, match="does not allow"):
+                    variant_job(spec.family, name, constraints=spec.constraints)
+                parse_job_config(tiny_job(spec.family, name, spec.constraints)["job.toml"], spec.constraints)
+                continue
             gpu = variant_job(spec.family, name, constraints=spec.constraints)
             cfg = parse_job_config(gpu["job.toml"], spec.constraints)
             assert cfg.job.base_model == (v.base_model or REFERENCE_MODEL)
@@ -79,11 +85,15 @@ def test_tiny_variants_scale_the_cpu_jobs_knobs_by_the_variants_factor() -> None
 
 
 def test_the_default_reference_job_is_the_shipped_job_byte_for_byte() -> None:
+    """The family's shipped job, or the task's own where it has one (calc_chain_cpu's, for a laptop's CPU)."""
     for spec in SPECS:
         shipped = reference_job(spec.family)
         assert agent_job(spec.family, spec.constraints)[2] == shipped
         assert tiny_job(spec.family, "reference", spec.constraints) == shipped
-        assert written_job(ReferencePolicy(), spec)["job.toml"] == shipped["job.toml"]
+        own = task_job(spec.family, spec.id)
+        assert agent_job(spec.family, spec.constraints, task_id=spec.id)[2] == (own or shipped)
+        assert written_job(ReferencePolicy(), spec)["job.toml"] == (own or shipped)["job.toml"]
+    assert [s.id for s in SPECS if task_job(s.family, s.id)] == ["calc_chain_cpu"]
 
 
 @pytest.mark.parametrize("variant,base_model,expected", [

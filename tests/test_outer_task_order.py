@@ -42,9 +42,9 @@ def test_every_family_equally_often_and_distinct_within_a_step() -> None:
 def test_a_family_with_several_task_files_cycles_through_them() -> None:
     cycle = family_cycle(TASKS, seed=0)
     position = next(i for i, fam in enumerate(cycle) if fam[0][0].family == "calc_chain")
-    assert len(cycle[position]) == 2  # calc_chain.json and calc_chain_fast.json
-    turns = [round_robin_task(cycle, position + k * len(cycle))[1].name for k in range(4)]
-    assert turns == ["calc_chain.json", "calc_chain_fast.json"] * 2
+    assert len(cycle[position]) == 3  # calc_chain.json, calc_chain_cpu.json and calc_chain_fast.json
+    turns = [round_robin_task(cycle, position + k * len(cycle))[1].name for k in range(6)]
+    assert turns == ["calc_chain.json", "calc_chain_cpu.json", "calc_chain_fast.json"] * 2
     # ... and the family still gets one turn in five, not two in six as a draw over task files gave it.
     assert families_of(cycle, range(50)).count("calc_chain") == 10
 

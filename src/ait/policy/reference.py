@@ -30,7 +30,7 @@ from typing import Any
 from ait.chat.types import ToolCall
 from ait.harness.fenced import fenced
 from ait.harness.types import Message
-from ait.policy.job_variants import VARIANTS, agent_job
+from ait.policy.job_variants import VARIANTS, agent_job, task_job
 from ait.spec import Constraints, TaskSpec
 
 
@@ -40,6 +40,18 @@ def reference_job(family: str) -> dict[str, str] | None:
     if not root.is_dir():
         return None
     return {name: (root / name).read_text() for name in ("job.toml", "env.py")}
+
+
+def unavailable_models(messages: list[Message]) -> set[str]:
+    """The base models get_baseline_scores said this install cannot load (its `left_out_here`)."""
+    for m in reversed(messages):
+        if m.role == "tool" and m.name == "get_baseline_scores":
+            try:
+                left_out = json.loads(m.content).get("left_out_here") or {}
+            except (ValueError, AttributeError):
+                return set()
+            return set(left_out) if isinstance(left_out, dict) else set()
+    return set()
 
 
 MORE_JOBS = "more job(s) allowed"  # what the harness says when another job may run
@@ -106,6 +118,7 @@ class ReferencePolicy:
         self.submitted = 0
         self.resubmit: str | None = None  # the message of a submit_job call due next
         self.fix: tuple[str, str, str, str] | None = None  # (wrong line, right line, names) while unfixed
+        self.own_job = False  # writing the task's own job (job_variants.task_job), not its family's
 
     def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
         self.step += 1
@@ -154,9 +167,13 @@ class ReferencePolicy:
             self.step = 10_000  # nothing to write: stop, and let the harness record it
             return Message(role="assistant", content=f"I have no reference job for family {task['family']!r}.")
         constraints = Constraints.model_validate(task["constraints"])
-        # On `tiny` the shipped CPU job (or a variant of it); on a pretrained model the GPU reference job
-        # (or a variant): the tiny job's learning rate (1e-3) would wreck a pretrained model (docs/gpu.md).
-        variant, model, self.job = agent_job(task["family"], constraints, self.variant, self.base_model)
+        # A task with a job of its own (the default episode's, sized for a laptop's CPU) gets it; otherwise on
+        # `tiny` the shipped CPU job (or a variant of it), on a pretrained model the GPU reference job (or a
+        # variant): the tiny job's learning rate (1e-3) would wreck a pretrained model (docs/gpu.md).
+        self.family, self.constraints = task["family"], constraints
+        variant, model, self.job = agent_job(task["family"], constraints, self.variant, self.base_model,
+                                             task_id=task.get("id"))
+        self.own_job = task_job(task["family"], task.get("id")) == self.job
         self.written = (variant, model)
         self.max_steps = constraints.max_steps
         if self.slip is not None and (planted := plant_slip(self.job["env.py"], self.slip)) is not None:
@@ -167,7 +184,16 @@ class ReferencePolicy:
         """Read the family's tool module before writing an env.py that imports it (when the workspace has
         one): what the job may call is there, not in memory. A warm start distilled from transcripts
         without this step wrote held-out triage jobs that called functions triage's module does not
-        have (H200, 2026-12-02: docs/outer.md)."""
+        have (H200, 2026-12-02: docs/outer.md).
+
+        First, when the task's own job trains a model the baselines say this install cannot load (the
+        default episode's SmolLM2 without its package), the family's job is written instead: a job the
+        probe would refuse helps no one."""
+        if self.own_job and self.written[1] in unavailable_models(messages):
+            variant, model, self.job = agent_job(self.family, self.constraints, self.variant, self.base_model)
+            self.written, self.own_job, self.fix = (variant, model), False, None
+            if self.slip is not None and (planted := plant_slip(self.job["env.py"], self.slip)) is not None:
+                self.job["env.py"], self.fix = planted[0], planted[1:]
         listing = next((m.content for m in messages if m.role == "tool" and m.name == "list_files"), "")
         if TOOL_MODULE not in listing:
             self.step += 1

@@ -164,9 +164,18 @@ def model_availability(name: str) -> str | None:
     in one line. Cheap: nothing is downloaded, dequantised or hashed (the probe and `ait tasks show`
     ask this of every allowed base model)."""
     try:
-        source = name
-        if name != "tiny":
-            source = load_aliases().get(name, name)
+        source = load_aliases().get(name, name) if name != "tiny" else name
+    except ModelResolutionError as e:
+        return str(e)
+    why = _source_availability(source)
+    if why is not None and source != name:  # a stale alias says so, as resolve_base_model does
+        return f"alias {name!r} ({alias_file_path()}): {why}"
+    return why
+
+
+def _source_availability(source: str) -> str | None:
+    """model_availability of a source (an alias's target, or the name itself)."""
+    try:
         if source == "tiny":
             return None
         if source in PACKAGED:

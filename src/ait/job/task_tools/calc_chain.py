@@ -1,9 +1,9 @@
 """calc_chain's tool interface, shipped read-only into the workspace: `import task_tools as tt`.
 
-    SYSTEM_PROMPT           the task's system prompt
-    Environment             the task's tool: calculator(a, op, b)
+    SYSTEM_PROMPT           the task's system prompt (the no-tool one when task.json sets calculator: false)
+    Environment             the task's tool: calculator(a, op, b); none when task.json sets calculator: false
     make_tools(world)       the hidden eval's own tool as a plain function: [calculator], exact
-    task_difficulty()       task.json's knobs: n_ops, operand_min, operand_max, operators
+    task_difficulty()       task.json's knobs: n_ops, operand_min, operand_max, operators, calculator
     make_row(rng, d)        one row {prompt, answer, info: {"n_ops"}}: a chain at knobs d
     distinct_rows(n, draw)  up to n rows with distinct prompts from draw()
     parse_answer(text)      the last 'Answer: <integer>' as a string of digits (commas dropped), or None
@@ -18,12 +18,17 @@ from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 
-SYSTEM_PROMPT = (
+TOOL_SYSTEM_PROMPT = (
     "You are a careful assistant that solves arithmetic with a calculator tool. "
     "Call the calculator once for each operation, in order, using the previous "
     "result as the next left operand. When done, reply with the final line "
     "'Answer: <integer>'."
 )
+NO_TOOL_SYSTEM_PROMPT = (
+    "You are a careful assistant that solves arithmetic. Work out each operation in order. "
+    "When done, reply with the final line 'Answer: <integer>'."
+)
+"""The system prompt where the task offers no calculator (task.json's difficulty sets calculator: false)."""
 PHRASES = {
     "+": ["add {b}", "increase it by {b}"],
     "-": ["subtract {b}", "decrease it by {b}"],
@@ -153,6 +158,24 @@ def task_difficulty() -> dict:
     except (OSError, ValueError, AttributeError):
         return {}
     return difficulty if isinstance(difficulty, dict) else {}
+
+
+class NoToolEnvironment:
+    """The task offers no tool (calculator: false): nothing to call, the reply is the answer."""
+
+    def reset(self, info: dict) -> None:
+        pass
+
+
+def _calculator(difficulty):
+    """Whether the task offers the calculator (knob "calculator", true by default)."""
+    flag = difficulty.get("calculator", True)
+    return not (flag is False or (isinstance(flag, str) and flag.strip().lower() == "false"))
+
+
+SYSTEM_PROMPT = TOOL_SYSTEM_PROMPT
+if not _calculator(task_difficulty()):
+    SYSTEM_PROMPT, Environment = NO_TOOL_SYSTEM_PROMPT, NoToolEnvironment  # noqa: F811 - the task's own choice
 
 
 def make_row(rng: random.Random, difficulty: dict) -> dict:
