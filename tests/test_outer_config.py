@@ -73,3 +73,19 @@ def test_outer_episodes_drop_inner_checkpoints_unless_told_to_keep_them(tmp_path
     assert episode_config(OuterConfig(), tmp_path / "run").keep_checkpoints is False
     kept = OuterConfig(episode={"keep_checkpoints": True})
     assert episode_config(kept, tmp_path / "run").keep_checkpoints is True
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "outer").glob("*.toml")))
+def test_a_gpu_arc_trains_on_no_laptop_only_task(name: str, monkeypatch) -> None:
+    """calc_chain_cpu (the default episode's rung: smollm2-135m and tiny only) belongs in CPU configs: in a
+    GPU arc a third of calc_chain's groups would train models the arc never measures."""
+    from ait.outer.loop import resolve_tasks
+    from ait.spec import load_spec
+
+    root = Path(__file__).resolve().parents[1]
+    config = load_config(root / "configs" / "outer" / f"{name}.toml", OuterConfig)
+    if config.policy.model == "tiny":
+        return
+    monkeypatch.chdir(root)  # the configs name tasks relative to the repository root
+    specs = [load_spec(p) for p in resolve_tasks(config.tasks)]
+    assert specs and all("qwen2.5-coder-0.5b" in s.constraints.allowed_base_models for s in specs), name
