@@ -10,7 +10,8 @@
 # (e.g. `+arc surface`: the outer-loop arc, with surface cells beside it). Results go under RESULTS
 # (default /root/results) as they are made: progress.log, one log and JSON per stage, fingerprints.json
 # (the hidden sets, by fingerprint: no seed is fixed or committed), gpu-monitor.csv. A poll call tars that
-# folder into $OUT: `sleep 240; tail /root/results/progress.log; tar czf $OUT/r.tgz -C /root/results .`
+# folder into $OUT: `bash bench/gpu_poll.sh 240` (progress, the arc's per-family rows, results without weights, the
+# bundles' pieces).
 #
 # Stages (settings by environment; the old one-off script each replaces, for the history in docs/):
 #   convert     dequantise every staged model now, all at once (other stages convert what they need)
