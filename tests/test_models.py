@@ -222,6 +222,28 @@ def test_gguf_is_dequantised_once_and_cached_as_safetensors(tiny_gguf: Path) -> 
     assert gguf_mod.conversions == before and (out / "model.safetensors").stat().st_mtime_ns == stamp
 
 
+def test_a_conversion_parses_the_gguf_once_and_writes_the_same_weights(tiny_gguf: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers builds a reader for the config, the tokenizer and the weights: each parse of a real
+    vocabulary costs seconds, so one conversion parses the file once (and restores the reader after)."""
+    import gguf
+
+    original, parses = gguf.GGUFReader, []
+
+    class Counting(original):
+        def __init__(self, path, *a, **k):
+            parses.append(str(path))
+            super().__init__(path, *a, **k)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counting)
+    gguf_mod.convert(tiny_gguf, tmp_path / "once", "x")
+    assert len(parses) == 1 and gguf.GGUFReader is Counting
+    gguf_mod.convert(tiny_gguf, tmp_path / "each", "x", parse_once=False)
+    assert len(parses) >= 4  # what it saves: metadata, config, tokenizer, weights
+    once, each = ((tmp_path / d / "model.safetensors").read_bytes() for d in ("once", "each"))
+    assert once == each
+
+
 def test_hidden_eval_loads_a_gguf_base_from_the_cache(tiny_gguf: Path, tmp_path: Path) -> None:
     from ait.evals.runner import eval_request, evaluate_here
     from ait.spec import load_spec
