@@ -11,7 +11,6 @@ both wrote byte-identical model.safetensors.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import statistics
@@ -21,14 +20,7 @@ import time
 from pathlib import Path
 
 from ait.train.gguf import convert
-
-
-def digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()
+from ait.train.models import file_sha256
 
 
 def main() -> int:
@@ -45,7 +37,7 @@ def main() -> int:
                 t0 = time.monotonic()
                 convert(args.gguf, Path(tmp), "bench", parse_once=name == "parsed_once")
                 times[name].append(time.monotonic() - t0)
-                digests[name] |= {digest(f) for f in sorted(Path(tmp).glob("*.safetensors"))}
+                digests[name] |= {file_sha256(f) for f in sorted(Path(tmp).glob("*.safetensors"))}
             print(f"{name:17s} {times[name][-1]:6.1f} s", flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     same = digests["parsed_once"] == digests["parsed_each_time"]
