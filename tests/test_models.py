@@ -236,8 +236,9 @@ def test_a_conversion_parses_the_gguf_once_and_writes_the_same_weights(tiny_gguf
             super().__init__(path, *a, **k)
 
     monkeypatch.setattr(gguf, "GGUFReader", Counting)
-    gguf_mod.convert(tiny_gguf, tmp_path / "once", "x")
-    assert len(parses) == 1 and gguf.GGUFReader is Counting
+    original_dequantize = gguf.dequantize
+    gguf_mod.convert(tiny_gguf, tmp_path / "once", "x", workers=3)  # its tensors dequantised on 3 threads
+    assert len(parses) == 1 and gguf.GGUFReader is Counting and gguf.dequantize is original_dequantize
     gguf_mod.convert(tiny_gguf, tmp_path / "each", "x", parse_once=False)
     assert len(parses) >= 4  # what it saves: metadata, config, tokenizer, weights
     once, each = ((tmp_path / d / "model.safetensors").read_bytes() for d in ("once", "each"))

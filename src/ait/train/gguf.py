@@ -26,7 +26,10 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ait.home import models_dir
@@ -86,36 +89,66 @@ def read_metadata(gguf_path: Path) -> dict:
 
 
 @contextmanager
-def parsed_once():
-    """Within it, every `gguf.GGUFReader(path)` of one file is the same reader. transformers builds a reader
-    for the config, another for the tokenizer and a third for the weights, and each parses the whole
-    vocabulary (151,646 strings for Qwen) again. Converting Qwen2.5-Coder-0.5B's GGUF on 2 cores took 55.7 s
-    parsed each time and 36.6 s parsed once, the same weights (bench/gguf_convert.py,
-    docs/measurements/gguf-convert-qwen05-cpu.json). A reader is a read-only view of a memory map:
-    sharing it changes nothing else."""
+def parsed_once(workers: int = 0):
+    """Within it, every `gguf.GGUFReader(path)` of one file is the same reader, and with `workers` > 1 its
+    tensors are dequantised ahead on that many threads (numpy releases the GIL in the arithmetic), at
+    most 2 x workers tensors ahead of transformers' loop, so memory stays bounded.
+
+    transformers builds a reader for the config, another for the tokenizer and a third for the weights,
+    and each parses the whole vocabulary (151,646 strings for Qwen) again; then it dequantises tensor by
+    tensor on one core. A reader is a read-only view of a memory map: sharing it changes nothing else.
+    Qwen2.5-Coder-0.5B's GGUF on 2 cores (bench/gguf_convert.py, docs/measurements/gguf-convert-qwen05-cpu.json,
+    medians of 2, the same weights each way): 59.7 s as transformers does it, 32.3 s parsed once, 33.8 s
+    parsed once with 2 dequantising threads (no gain on 2 cores; the GPU machine's 16 are yet to be measured)."""
     try:
         import gguf
     except ImportError:  # read_metadata says what to install, in one line
         yield
         return
-    original, readers = gguf.GGUFReader, {}
+    original, original_dequantize, readers = gguf.GGUFReader, gguf.dequantize, {}
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="gguf") if workers > 1 else None
+    waiting: deque = deque()  # tensors not yet submitted, in the order transformers reads them
+    ahead: dict[int, Future] = {}
+    lock = threading.Lock()
+
+    def top_up() -> None:
+        with lock:
+            while waiting and len(ahead) < 2 * workers:
+                t = waiting.popleft()
+                ahead[id(t.data)] = pool.submit(original_dequantize, t.data, t.tensor_type)
 
     def reader(path, mode="r"):
         key = (os.path.realpath(path), mode)
         if key not in readers:
             readers[key] = original(path, mode)
+            if pool is not None:
+                waiting.extend(readers[key].tensors)
+                top_up()
         return readers[key]
 
-    gguf.GGUFReader = reader  # transformers imports it from the module at each call
+    def dequantize(data, qtype):
+        with lock:
+            future = ahead.pop(id(data), None)
+        if pool is not None:
+            top_up()
+        return future.result() if future is not None else original_dequantize(data, qtype)
+
+    # transformers imports both from the module at each call
+    gguf.GGUFReader, gguf.dequantize = reader, dequantize
     try:
         yield
     finally:
-        gguf.GGUFReader = original
+        gguf.GGUFReader, gguf.dequantize = original, original_dequantize
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
-def convert(gguf_path: Path, dest: Path, sha256: str, *, parse_once: bool = True) -> None:
-    """Dequantise `gguf_path` into `dest` (config, tokenizer with chat template, model.safetensors)."""
-    with parsed_once() if parse_once else nullcontext():
+def convert(gguf_path: Path, dest: Path, sha256: str, *, parse_once: bool = True, workers: int | None = None) -> None:
+    """Dequantise `gguf_path` into `dest` (config, tokenizer with chat template, model.safetensors).
+    `workers`: dequantising threads (default: the CPUs this process may use; 1 = transformers' own loop)."""
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    with parsed_once(workers) if parse_once else nullcontext():
         _convert(gguf_path, dest, sha256)
 
 
