@@ -399,3 +399,23 @@ def test_heldout_plot_draws_the_starting_policy_at_step_0() -> None:
     fig = plots.heldout(rows, [])
     line = fig.axes[0].lines[0]
     assert list(line.get_xdata()) == [0, 2] and list(line.get_ydata()) == [0.25, 0.4]
+
+
+def test_seconds_by_phase_table_and_bad_phases(tmp_path) -> None:
+    from ait.report.html import render_html
+
+    write(tmp_path / "run", [json.dumps({"step": 1, "seconds": 300.0, "seconds_by_phase": {
+        "checkpoint": 0.0, "wait_groups": 250.0, "train_step": 40.4, "heldout": 0.0}}),
+        json.dumps({"step": 2, "seconds": 200.0, "seconds_by_phase": {
+            "checkpoint": 3.25, "wait_groups": 150.0, "train_step": 41.0, "heldout": 0.0}})])
+    rows = load_metrics(tmp_path / "run" / "metrics.jsonl")
+    html = render_html(tmp_path / "run", rows, summarize(rows), [], [])
+    section = html[html.index("<h2>Seconds by phase</h2>"):html.index("<h2>Per step</h2>")]
+    assert section.count("<tr>") == 1 + 2
+    assert section.index("<th>wait_groups</th>") < section.index("<th>train_step</th>")
+    assert "<td>1</td><td>300 s</td><td>0 s</td><td>250 s</td><td>40 s</td><td>0 s</td>" in section
+    del rows[0]["seconds_by_phase"], rows[1]["seconds_by_phase"]
+    assert "Seconds by phase" not in render_html(tmp_path / "run", rows, summarize(rows), [], [])
+    write(tmp_path / "bad", [json.dumps({"step": 1, "seconds_by_phase": {"train_step": "slow"}})])
+    with pytest.raises(MetricsError, match="seconds_by_phase should be an object of numbers"):
+        load_metrics(tmp_path / "bad" / "metrics.jsonl")

@@ -91,6 +91,7 @@ def render_html(run_dir: Path, rows: list[dict[str, Any]], summary: dict[str, An
         parts.append(f"<figure><img alt='{escape(plot.title)}' src='data:image/png;base64,{data}'>"
                      f"<figcaption>{escape(caption)}</figcaption></figure>")
     parts += family_table(summary.get("family_rows") or [])
+    parts += phase_table(rows)
     parts.append("<h2>Per step</h2><details><summary>every row of metrics.jsonl</summary><table><tr>")
     parts += [f"<th>{escape(c)}</th>" for c in STEP_COLUMNS]
     parts.append("</tr>")
@@ -113,5 +114,23 @@ def family_table(rows: list[dict[str, Any]]) -> list[str]:
         cells = [escape(str(row[k])) if k == "family" else escape(fmt(row.get(k), k)) for k, _ in FAMILY_COLUMNS]
         choices = "; ".join(config_label(c) for c in row.get("configs") or []) or "–"
         parts.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + f"<td>{escape(choices)}</td></tr>")
+    parts.append("</table>")
+    return parts
+
+
+def phase_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Each step's seconds split by the loop's phases (seconds_by_phase: waiting for the groups' episodes,
+    the agent's training step, held-out, the previous bundle). Nothing for runs from before the key."""
+    timed = [r for r in rows if r.get("seconds_by_phase")]
+    if not timed:
+        return []
+    names = list(dict.fromkeys(k for r in timed for k in r["seconds_by_phase"]))
+    parts = ["<h2>Seconds by phase</h2><p class='muted'>where each step's wall time went; "
+             "bench/episode_phases.py splits the episodes' own time (sampling, probes, jobs, their queue)</p>"
+             "<table><tr><th>step</th><th>seconds</th>", *(f"<th>{escape(n)}</th>" for n in names), "</tr>"]
+    for r in timed:
+        cells = [fmt(r.get("step"), "step"), fmt(r.get("seconds"), "seconds"),
+                 *(fmt(r["seconds_by_phase"].get(n), "seconds") for n in names)]
+        parts.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
     parts.append("</table>")
     return parts

@@ -19,8 +19,8 @@ NUMBER_KEYS = ("step", "time", "seconds", "reward_mean", "reward_std", "validati
                "timed_out", "infra_errors", "policy_tokens", "train_tokens", "loss", "usd", "heldout_reward",
                "heldout_n")
 """Keys read as numbers (int or float; null = missing)."""
-SHARE_KEYS = ("base_model_share", "hparam_use", "stop_share")
-"""Keys read as {name: fraction} (null = missing)."""
+SHARE_KEYS = ("base_model_share", "hparam_use", "stop_share", "seconds_by_phase")
+"""Keys read as {name: number} (fractions; seconds for seconds_by_phase; null = missing)."""
 FAMILY_NUMBER_KEYS = ("episodes", "valid_rate", "job_quality_mean", "job_quality_std", "distinct_configs")
 """Numbers of each family's object under `families` (ait.outer.metrics.FAMILY_KEYS); rows written before
 the key have no `families` and so no per-family rows."""
