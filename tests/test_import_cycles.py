@@ -22,6 +22,17 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "ait"
 
 
+
+def import_origin(node: ast.ImportFrom, here: str) -> str:
+    """The absolute module a `from ... import` names, its dots resolved against `here` (the package the
+    importing module sits in)."""
+    if not node.level:
+        return node.module or ""
+    base = here
+    for _ in range(node.level - 1):
+        base = base.rpartition(".")[0]
+    return f"{base}.{node.module}" if node.module else base
+
 def modules(src: Path = SRC, package: str = PACKAGE) -> dict[str, tuple[Path, bool]]:
     """Dotted module name -> (file, is a package's __init__)."""
     found = {}
@@ -51,13 +62,7 @@ def import_graph(src: Path = SRC, package: str = PACKAGE) -> dict[str, dict[str,
             if isinstance(node, ast.Import):
                 targets += [(alias.name, node.lineno) for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = here
-                    for _ in range(node.level - 1):
-                        base = base.rpartition(".")[0]
-                    origin = f"{base}.{node.module}" if node.module else base
-                else:
-                    origin = node.module or ""
+                origin = import_origin(node, here)
                 for alias in node.names:
                     sub = f"{origin}.{alias.name}"
                     targets.append((sub if sub in mods else origin, node.lineno))

@@ -16,6 +16,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from test_import_cycles import import_origin
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "ait"
 
@@ -72,13 +74,7 @@ def violations(source: str, module: str, is_package: bool = False, package: str 
                     root = alias.name.split(".")[0]
                     bound[root] = root  # `import a.b` binds `a`; attribute chains resolve through it
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = here
-                for _ in range(node.level - 1):
-                    base = base.rpartition(".")[0]
-                origin = f"{base}.{node.module}" if node.module else base
-            else:
-                origin = node.module or ""
+            origin = import_origin(node, here)
             if not foreign(origin):
                 for alias in node.names:
                     bound.setdefault(alias.asname or alias.name, f"{origin}.{alias.name}")
