@@ -34,7 +34,8 @@
 #               B_FAMILIES x B_VARIANTS (B_PACK), then B2_FAMILIES x B2_VARIANTS. The 1.5B cells run beside
 #               the 0.5B ones only on a card of 100 GB or more (SIDE_BY_SIDE=0|1 overrides: side by side
 #               on 80 GB both OOM). No cell starts after DEADLINE s from the stage's start  [job_surface_h200.sh]
-#               SURFACE_SET ("ledger.questions=net_change ..."): a rung of a family's ladder instead of its example task
+#               SURFACE_SET ("ledger.questions=net_change ..."): a rung of a family's ladder instead of its example task;
+#               FAMILIES= (set, empty): the 1.5B cells only
 #   arc         the outer-loop arc, CONFIG (configs/outer/h200_qwen15.toml), resumed from STAGE/bundle when
 #               there is one; each new checkpoint packed as RESULTS/bundle.tar.part-* for the poll calls to
 #               bring back; restarted from its newest bundle after a crash, RESTARTS times (3); jobs_per_gpu
@@ -132,7 +133,8 @@ stage_surface() {
   # 0.5B jobs peak near 16-20 GiB each (pack_measurements.json): 4 at once on 141 GB, 2 on 80 GB.
   local pack_a=${PACK_A:-$([ "${gib:-0}" -ge 100000 ] && echo 4 || echo 2)}
   local a_variants=${VARIANTS:-$(python3 -c "from ait.policy.job_variants import VARIANTS; print(','.join(v for v in VARIANTS if v != 'model_qwen15'))")}
-  ( need qwen2.5-coder-0.5b
+  ( [ -z "${FAMILIES-x}" ] && exit 0  # FAMILIES= (empty): no 0.5B cells, only the 1.5B ones
+    need qwen2.5-coder-0.5b
     surface_pass a "${FAMILIES:-calc_chain,dispatch,ledger,multi_hop,string_pipeline}" "$a_variants" "$pack_a" "${REPEAT:-reference:2}"
     [ -z "${THEN_FAMILIES:-}" ] || surface_pass a2 "$THEN_FAMILIES" "${THEN_VARIANTS:-reference}" "$pack_a" "${THEN_REPEAT:-reference:2}"
   ) &
@@ -288,6 +290,9 @@ python3 bench/fingerprints.py > "$R/fingerprints.json" 2>/dev/null || true
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/gpu.txt" 2>&1
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,power.draw --format=csv -l 10 > "$R/gpu-monitor.csv" 2>/dev/null &
 monitor=$!
+# Stages that run side by side (`+arc surface`) share one jobs' daemon: started here, before them, so each
+# inherits it (a stage starting its own would quit the other's, ending that stage's jobs).
+case " $* " in *" +"*) jobs_mps ;; esac
 waits=()
 for s in "$@"; do
   if [ "${s#+}" != "$s" ]; then run_stage "${s#+}" & waits+=($!); else run_stage "$s"; fi

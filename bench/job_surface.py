@@ -52,14 +52,12 @@ def cells(families: list[str], names: list[str], repeats: dict[str, int]) -> lis
     then each other variant across families, then each base model's null job, then repeats."""
     chosen = [resolve_variant(n) for n in names]
     first = [v for v in chosen if v.name in ("null_lr0", "reference")]
-    later, nulls = [], set()
-    for v in chosen:
-        if v not in first:  # a variant on another base model is followed by that model's null job, once
-            later.append(v)
-            if v.base_model and v.base_model != REFERENCE_MODEL and v.base_model not in nulls:
-                later.append(null_of(v))
-                nulls.add(v.base_model)
-    out = [(f, v, 0) for v in first for f in families] + [(f, v, 0) for v in later for f in families]
+    later = [v for v in chosen if v not in first]
+    # a base model other than the reference's gets its null job once, after the variants: packed K at a
+    # time under a deadline, the knobs' cells start first and the control still runs in the same pass
+    models = list(dict.fromkeys(v.base_model for v in later if v.base_model and v.base_model != REFERENCE_MODEL))
+    nulls = [null_of(Variant("", {}, base_model=m)) for m in models]
+    out = [(f, v, 0) for v in first + later + nulls for f in families]
     for name, times in repeats.items():
         out += [(f, resolve_variant(name), seed) for seed in range(1, times + 1) for f in families]
     return out
