@@ -33,6 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ait.home import models_dir
+from ait.train import gguf_dequant
 from ait.train.model_errors import ModelResolutionError
 
 CONVERTER = "v1"
@@ -89,7 +90,7 @@ def read_metadata(gguf_path: Path) -> dict:
 
 
 @contextmanager
-def parsed_once(workers: int = 0):
+def parsed_once(workers: int = 0, dequant: str = "torch"):
     """Within it, every `gguf.GGUFReader(path)` of one file is the same reader, and with `workers` > 1 its
     tensors are dequantised ahead on that many threads (numpy releases the GIL in the arithmetic), at
     most 2 x workers tensors ahead of transformers' loop, so memory stays bounded.
@@ -99,13 +100,24 @@ def parsed_once(workers: int = 0):
     tensor on one core. A reader is a read-only view of a memory map: sharing it changes nothing else.
     Qwen2.5-Coder-0.5B's GGUF on 2 cores (bench/gguf_convert.py, docs/measurements/gguf-convert-qwen05-cpu.json,
     medians of 2, the same weights each way): 59.7 s as transformers does it, 32.3 s parsed once, 33.8 s
-    parsed once with 2 dequantising threads (no gain on 2 cores; the GPU machine's 16 are yet to be measured)."""
+    parsed once with 2 dequantising threads (no gain on 2 cores; the GPU machine's 16 are yet to be measured).
+
+    `dequant`: "torch" decodes the formats ait.train.gguf_dequant knows with torch (on the GPU when there
+    is one, else on every core: the same values bit for bit), the others with the gguf package's numpy;
+    "numpy": the gguf package's decoder for every tensor."""
     try:
         import gguf
     except ImportError:  # read_metadata says what to install, in one line
         yield
         return
     original, original_dequantize, readers = gguf.GGUFReader, gguf.dequantize, {}
+    if dequant not in ("torch", "numpy"):
+        raise ValueError(f"dequant must be 'torch' or 'numpy', not {dequant!r}")
+
+    def decode(data, qtype):
+        values = gguf_dequant.dequantize(data, qtype.name) if dequant == "torch" else None
+        return values if values is not None else original_dequantize(data, qtype)
+
     pool = ThreadPoolExecutor(workers, thread_name_prefix="gguf") if workers > 1 else None
     waiting: deque = deque()  # tensors not yet submitted, in the order transformers reads them
     ahead: dict[int, Future] = {}
@@ -115,7 +127,7 @@ def parsed_once(workers: int = 0):
         with lock:
             while waiting and len(ahead) < 2 * workers:
                 t = waiting.popleft()
-                ahead[id(t.data)] = pool.submit(original_dequantize, t.data, t.tensor_type)
+                ahead[id(t.data)] = pool.submit(decode, t.data, t.tensor_type)
 
     def reader(path, mode="r"):
         key = (os.path.realpath(path), mode)
@@ -131,7 +143,7 @@ def parsed_once(workers: int = 0):
             future = ahead.pop(id(data), None)
         if pool is not None:
             top_up()
-        return future.result() if future is not None else original_dequantize(data, qtype)
+        return future.result() if future is not None else decode(data, qtype)
 
     # transformers imports both from the module at each call
     gguf.GGUFReader, gguf.dequantize = reader, dequantize
@@ -143,12 +155,14 @@ def parsed_once(workers: int = 0):
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def convert(gguf_path: Path, dest: Path, sha256: str, *, parse_once: bool = True, workers: int | None = None) -> None:
+def convert(gguf_path: Path, dest: Path, sha256: str, *, parse_once: bool = True, workers: int | None = None,
+            dequant: str = "torch") -> None:
     """Dequantise `gguf_path` into `dest` (config, tokenizer with chat template, model.safetensors).
-    `workers`: dequantising threads (default: the CPUs this process may use; 1 = transformers' own loop)."""
+    `workers`: dequantising threads (default: the CPUs this process may use; 1 = transformers' own loop);
+    `dequant`: "torch" (the GPU when there is one) or "numpy" (the gguf package's), see parsed_once."""
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    with parsed_once(workers) if parse_once else nullcontext():
+    with parsed_once(workers, dequant) if parse_once else nullcontext():
         _convert(gguf_path, dest, sha256)
 
 
