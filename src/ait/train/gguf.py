@@ -104,7 +104,9 @@ def parsed_once(workers: int = 0, dequant: str = "torch"):
 
     `dequant`: "torch" decodes the formats ait.train.gguf_dequant knows with torch (on the GPU when there
     is one, else on every core: the same values bit for bit), the others with the gguf package's numpy;
-    "numpy": the gguf package's decoder for every tensor."""
+    "numpy": the gguf package's decoder for every tensor. On 2 cores the decoding is no longer what the
+    conversion waits for (docs/measurements/gguf-convert-qwen05-cpu-torch.json: 31.3 s numpy on one core,
+    30.0 s numpy on both, 28.8 s torch; the rest is parsing the metadata, building the model, writing it)."""
     try:
         import gguf
     except ImportError:  # read_metadata says what to install, in one line

@@ -20,6 +20,7 @@ Block layouts (bytes; d, dmin, m are float16 scales; every format is a run of fi
 
 from __future__ import annotations
 
+import warnings
 from functools import lru_cache
 
 import numpy as np
@@ -45,7 +46,10 @@ def dequantize(data: np.ndarray, qtype_name: str, device: str | None = None) -> 
 
     per_block, size = SIZES[qtype_name]
     rows = data.shape[:-1]
-    blocks = torch.from_numpy(np.ascontiguousarray(data)).to(device or default_device()).reshape(-1, size)
+    with warnings.catch_warnings():  # the reader's memory map is read-only, and these bytes are only read
+        warnings.simplefilter("ignore", UserWarning)
+        blocks = torch.from_numpy(np.ascontiguousarray(data))
+    blocks = blocks.to(device or default_device()).reshape(-1, size)
     with torch.no_grad():
         y = DECODERS[qtype_name](blocks)
     return y.reshape(*rows, data.shape[-1] // size * per_block).cpu().numpy()
