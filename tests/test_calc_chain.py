@@ -434,3 +434,15 @@ def test_the_reference_env_trains_at_the_tasks_difficulty(tmp_path):
     # without task.json (an older workspace): the 2-4-operation mix as before
     (ws / "task.json").unlink()
     assert {r["info"]["n_ops"] for r in import_env(ws / "env.py").build_dataset(100, 0)} <= {2, 3, 4}
+
+
+def test_the_description_names_the_calculator_only_where_the_rung_offers_it() -> None:
+    from ait.spec import Constraints, build_spec
+
+    c = Constraints(allowed_base_models=["tiny"], max_steps=10, max_group_size=8, max_prompts_per_step=8,
+                    max_completion_tokens=64, max_turns=4, time_budget_s=60, min_dataset_rows=8, max_dataset_rows=100)
+    with_tool = build_spec("calc_chain", constraints=c)
+    without = build_spec("calc_chain", constraints=c, difficulty={"calculator": False})
+    assert "calculator tool" in with_tool.description and with_tool.eval_format.tools
+    assert "calculator" not in without.description and not without.eval_format.tools
+    assert "no tool is offered" in without.description

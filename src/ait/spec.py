@@ -139,7 +139,7 @@ def build_spec(name: str, *, task_id: str | None = None, difficulty: dict[str, A
     return TaskSpec(
         id=task_id or name,
         family=name,
-        description=family.description + note,
+        description=family.describe(d) + note,
         difficulty=d.model_dump(),
         eval_format=fmt,
         constraints=constraints,

@@ -52,6 +52,10 @@ class Family(ABC):
     description: str
     Difficulty: type[BaseModel]
 
+    def describe(self, difficulty: BaseModel) -> str:
+        """The task's description at this difficulty (a rung that removes a tool says so here)."""
+        return self.description
+
     @abstractmethod
     def example(self, rng: random.Random, difficulty: BaseModel) -> Example:
         """One seeded example; the same rng state always gives the same example."""

@@ -100,6 +100,12 @@ class CalcChain(Family):
     )
     Difficulty = CalcDifficulty
 
+    def describe(self, difficulty: BaseModel) -> str:
+        if CalcDifficulty.model_validate(difficulty.model_dump()).calculator:
+            return self.description
+        return ("Chained arithmetic: start from a number and apply a sequence of operations. The model "
+                "works each step out itself and reports the exact final integer.")
+
     def example(self, rng: random.Random, difficulty: BaseModel) -> Example:
         d = CalcDifficulty.model_validate(difficulty.model_dump())
         value = rng.randint(d.operand_min, d.operand_max)
