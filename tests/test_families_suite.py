@@ -91,6 +91,18 @@ def test_reference_job_passes_ait_job_validate(path, tmp_path):
     assert result.exit_code == 0 and report["valid"], report["errors"]
 
 
+def test_validate_with_task_gives_a_workspace_without_task_json_the_tasks_knobs(tmp_path):
+    """`ait job validate WS --task calc_chain_cpu` on a bare copy of the reference job: the probe sees the task's
+    task.json (no calculator at this rung), and the user's workspace is left as it was."""
+    ws = tmp_path / "ws"
+    shutil.copytree(REFERENCE_JOBS / "calc_chain", ws)
+    before = sorted(p.name for p in ws.iterdir())
+    result = CliRunner().invoke(app, ["job", "validate", str(ws), "--task", "calc_chain_cpu", "--json"])
+    report = json.loads(result.stdout)
+    assert result.exit_code == 0 and report["valid"], report["errors"]
+    assert sorted(p.name for p in ws.iterdir()) == before and not (ws / "task.json").exists()
+
+
 def test_tasks_sample_prints_a_gold_trace_that_reaches_the_answer():
     for name in NAMES:
         result = CliRunner().invoke(app, ["tasks", "sample", name, "--n", "3", "--json"])

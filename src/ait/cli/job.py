@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
-
 from typing import Optional
 
 import typer
@@ -53,11 +54,23 @@ def job_validate(workspace: Path = typer.Argument(..., help="Workspace with job.
             fail(f"workspace {workspace} has no task.json: pass --task (a TaskSpec path or a name from `ait tasks list`)")
         task = str(workspace / "task.json")
     spec, _ = load_task(task)
-    errors = static_errors(workspace, spec)
-    if errors:
-        report, note = ProbeReport(valid=False, errors=errors), " (static checks; fix these, then the probe runs)"
-    else:
-        report, note = probe_workspace(workspace, spec, timeout_s=timeout), ""
+    with tempfile.TemporaryDirectory(prefix="ait-validate-") as tmp:
+        if not (workspace / "task.json").is_file():
+            # task_tools.py reads its knobs (e.g. calc_chain's calculator: false) from task.json beside it, as
+            # in an episode: probe a copy that has the task's, leaving the user's workspace untouched
+            copy = Path(tmp) / "workspace"
+            try:
+                shutil.copytree(workspace, copy, symlinks=False)
+            except (OSError, shutil.Error) as e:
+                fail(f"cannot copy {workspace} to probe it with {spec.id}'s task.json ({e}); "
+                     f"or write the task into the workspace: `ait job init` does")
+            (copy / "task.json").write_text(spec.model_dump_json(indent=2) + "\n")
+            workspace = copy
+        errors = static_errors(workspace, spec)
+        if errors:
+            report, note = ProbeReport(valid=False, errors=errors), " (static checks; fix these, then the probe runs)"
+        else:
+            report, note = probe_workspace(workspace, spec, timeout_s=timeout), ""
     if as_json:
         print(report.model_dump_json(indent=2))
     elif report.valid:
