@@ -6,7 +6,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from ait.train.decode import Decoder, bucket_batch, sample_tokens
+from ait.train.decode import Decoder
+from ait.train.decode_cache import bucket_batch
+from ait.train.decode_sample import sample_tokens
 
 VOCAB = 97
 
@@ -225,3 +227,12 @@ def test_compaction_then_growth_keep_every_row_exact(model, temperature):
     for r, seed in ((a, 1), (b, 2), (c, 3)):
         ids, logprobs = reference(model, r.prompt, r.max_new_tokens, temperature, generator=gen(seed))
         assert r.ids == ids and r.logprobs == pytest.approx(logprobs, abs=1e-4)
+
+
+def test_the_names_that_moved_out_of_decode_are_still_importable_from_it():
+    """decode.py was split (decode_cache, decode_sample); callers outside the package import from the old path."""
+    from ait.train import decode, decode_cache, decode_sample
+
+    assert decode.bucket_batch is decode_cache.bucket_batch and decode.cache_kwarg is decode_cache.cache_kwarg
+    assert (decode.gumbel, decode.nucleus, decode.sample_tokens) == (
+        decode_sample.gumbel, decode_sample.nucleus, decode_sample.sample_tokens)

@@ -87,7 +87,8 @@ def test_a_change_to_the_scoring_code_is_a_new_cache_key(tmp_path: Path, monkeyp
 
 
 @pytest.mark.parametrize("changed", ["families/calc_chain.py", "evals/rollout.py", "chat/parse.py", "chat/renderers.py", "chat/types.py",
-                                     "train/decode.py", "spec.py", "contract.py"])
+                                     "train/decode.py", "train/decode_cache.py", "train/decode_sample.py", "spec.py",
+                                     "contract.py"])
 def test_the_code_digest_covers_everything_that_decides_a_score(tmp_path: Path, changed: str) -> None:
     """The scorer, the rollout and chat-format helpers, the sampler, the spec and eval-format models: a change
     to any is a miss."""

@@ -24,25 +24,27 @@ columns are shifted left (compaction) or moved into a longer cache (growth); bot
 `_relayout`. Attention uses an explicit boolean 4D mask (transformers passes 4D masks
 through untouched), so the captured graph never takes a data-dependent branch.
 
-Sampling. Each row has its own temperature (0: greedy, logprobs recorded at temperature 1),
-top_p and noise: Gumbel-max (argmax(logp + Gumbel noise) is an exact sample of softmax(logp))
-from the request's own torch.Generator, drawn only while the row generates (so a reply
-depends on its seed and the weights, never on its batch-mates), or, for requests without
-one, a single draw of the whole [rows, vocab] block per step from the batch's generator
-(`Decoder.generate`). The sampled tokens stay on the device; the host reads them every
-`check_every` steps (1 for a continuous server: finished rows leave at once; 8 for
-`generate`: each read is a GPU sync).
+Sampling: per row (temperature, top_p, its own noise), ait.train.decode_sample. The sampled
+tokens stay on the device; the host reads them every `check_every` steps (1 for a continuous
+server: finished rows leave at once; 8 for `generate`: each read is a GPU sync).
+
+This module owns the engine's API (Sample, Request, Decoder) and its bookkeeping: which request
+is in which row, when rows join, leave and move. The tensors behind that (the cache slots, graph
+capture, row moves, prefill inputs) are ait.train.decode_cache's.
 """
 
 from __future__ import annotations
 
-import inspect
-import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from ait.train.decode_cache import (Slot, bucket_batch, cache_kwarg, capture, move_rows, prefill_inputs, regroup,
+                                    shift_columns, write_prefill)
+from ait.train.decode_sample import gumbel, nucleus, sample_tokens  # noqa: F401 - re-exported: their home was here
+from ait.train.decode_sample import record, sample_rows, sampling_plan
 
 CACHE_BUCKET = 128   # cache lengths are rounded up to a multiple of this: fewer graphs to capture
 CHECK_EVERY = 8      # generate(): decode steps between reads of the sampled tokens (each read is a GPU sync)
@@ -69,7 +71,7 @@ class Request:
     temperature: float = 0.0
     top_p: float = 1.0
     generator: torch.Generator | None = None
-    """Its own noise, drawn from only while it generates; None: the batch generator (see module doc)."""
+    """Its own noise, drawn from only while it generates; None: the batch generator (ait.train.decode_sample)."""
     stop_ids: frozenset[int] | None = None
     """None: the decoder's."""
     tag: Any = None
@@ -80,81 +82,6 @@ class Request:
 
     def sample(self) -> Sample:
         return Sample(ids=self.ids, logprobs=self.logprobs, stopped=self.stopped)
-
-
-def bucket_batch(n: int) -> int:
-    """Batch sizes are padded to 1, 2, 4, 8, 16, then multiples of 16: few distinct graphs."""
-    if n <= 16:
-        return 1 << (n - 1).bit_length()
-    return -(-n // 16) * 16
-
-
-def gumbel(uniform: torch.Tensor) -> torch.Tensor:
-    return -torch.log(-torch.log(uniform.clamp_(1e-20, 1.0)))
-
-
-def nucleus(logprobs: torch.Tensor, top_p: torch.Tensor | float) -> torch.Tensor:
-    """Logprobs renormalised over each row's smallest prefix (by probability) reaching top_p."""
-    sorted_lp, order = logprobs.sort(dim=-1, descending=True)
-    sorted_p = sorted_lp.exp()
-    limit = top_p[:, None] if isinstance(top_p, torch.Tensor) else top_p
-    drop = sorted_p.cumsum(dim=-1) - sorted_p > limit
-    if isinstance(top_p, torch.Tensor):
-        drop &= (top_p < 1.0)[:, None]
-    sorted_lp = sorted_lp.masked_fill(drop, float("-inf"))
-    logprobs = torch.full_like(logprobs, float("-inf")).scatter_(1, order, sorted_lp)
-    return torch.log_softmax(logprobs, dim=-1)
-
-
-def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float,
-                  generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens, logprobs) for one step, one temperature for all rows. Greedy when temperature is 0.
-
-    Sampling is Gumbel-max (argmax of logprobs plus Gumbel noise), which draws exactly from
-    the softmax; unlike torch.multinomial it cannot trip a device-side assert on a bad row,
-    so non-finite logits surface as a clear error after the call (see Decoder)."""
-    logits = logits.float()
-    if temperature <= 0:
-        tokens = logits.argmax(dim=-1)
-        return tokens, torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-    logprobs = torch.log_softmax(logits / temperature, dim=-1)
-    if top_p < 1.0:
-        logprobs = nucleus(logprobs, top_p)
-    noise = gumbel(torch.rand(logprobs.shape, device=logprobs.device, generator=generator))
-    tokens = (logprobs + noise).argmax(dim=-1)
-    return tokens, logprobs.gather(1, tokens[:, None])[:, 0]
-
-
-def cache_kwarg(model) -> str:
-    """The forward's name for the KV cache: `cache` in recent transformers, `past_key_values` before."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-
-
-class _Slot:
-    """Static buffers (and on CUDA the captured graph) for one (rows, cache length) shape."""
-
-    def __init__(self, model, rows: int, cache_len: int, device: torch.device):
-        from transformers import StaticCache
-
-        self.rows, self.cache_len = rows, cache_len
-        self.cache = StaticCache(config=model.config, max_cache_len=cache_len)
-        if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
-            raise NotImplementedError("the decoding engine needs a full-attention KV cache; this model has "
-                                      "sliding-window layers")
-        self.token = torch.zeros(rows, 1, dtype=torch.long, device=device)
-        self.position = torch.zeros(rows, 1, dtype=torch.long, device=device)
-        self.mask = torch.zeros(rows, 1, 1, cache_len, dtype=torch.bool, device=device)
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.logits: torch.Tensor | None = None
-        self.length = 0  # the cache's write column, as last set
-
-    def set_length(self, n: int) -> None:
-        """Point every cache layer's write position at n (the cache is otherwise reused as is)."""
-        for layer in self.cache.layers:
-            if getattr(layer, "is_initialized", False):
-                layer.cumulative_length.fill_(n)
-        self.length = n
 
 
 class Decoder:
@@ -180,7 +107,7 @@ class Decoder:
         self.min_rows = min_rows  # row slots allocated at least (a server: its max batch, so one rows bucket)
         self.geometric = geometric  # cache lengths cache_bucket * 2^k, kept while they fit: few graphs for a server
         self.generator: torch.Generator | None = None  # the batch generator (requests without their own)
-        self.slots: OrderedDict[tuple[int, int], _Slot] = OrderedDict()
+        self.slots: OrderedDict[tuple[int, int], Slot] = OrderedDict()
         self.stats = {"graphs_captured": 0, "decode_steps": 0, "prefill_tokens": 0, "compactions": 0,
                       "relayouts": 0}
         self.cache_kwarg = cache_kwarg(model)
@@ -188,7 +115,7 @@ class Decoder:
         self._clear()
 
     def _clear(self) -> None:
-        self.slot: _Slot | None = None
+        self.slot: Slot | None = None
         self.col = 0
         self.rows: list[Request | None] = []
         self.start: list[int] = []       # first column of each row's tokens
@@ -278,12 +205,12 @@ class Decoder:
             return self.cache_bucket << max(0, (-(-n // self.cache_bucket) - 1).bit_length())
         return -(-n // self.cache_bucket) * self.cache_bucket
 
-    def _forward(self, slot: _Slot, input_ids, mask, position, cache=None) -> torch.Tensor:
+    def _forward(self, slot: Slot, input_ids, mask, position, cache=None) -> torch.Tensor:
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position, use_cache=True,
                          logits_to_keep=1, **{self.cache_kwarg: slot.cache if cache is None else cache})
         return out.logits[:, -1, :]
 
-    def _get_slot(self, rows: int, cache_len: int) -> _Slot:
+    def _get_slot(self, rows: int, cache_len: int) -> Slot:
         key = (rows, cache_len)
         if key in self.slots:
             self.slots.move_to_end(key)
@@ -293,33 +220,19 @@ class Decoder:
                 break
             if self.slots[old] is not self.slot:
                 del self.slots[old]
-        slot = _Slot(self.model, rows, cache_len, self.device)
+        slot = Slot(self.model, rows, cache_len, self.device)
         # One eager step at column 0 allocates the cache (and checks the shape works); every row attends
         # to what it writes there, so no row is all-masked (that would put NaN in the cache).
         slot.mask[..., :3] = True
         slot.set_length(0)
         self._forward(slot, slot.token, slot.mask, slot.position)
         if self.cuda_graphs:
-            self._capture(slot)
+            capture(slot, self._forward, self.device)
+            self.stats["graphs_captured"] += 1
         slot.mask.zero_()
         slot.set_length(0)
         self.slots[key] = slot
         return slot
-
-    def _capture(self, slot: _Slot) -> None:
-        """Record one decode step as a CUDA graph (warm-up steps write columns 0 and 1 of an empty cache)."""
-        slot.set_length(0)
-        stream = torch.cuda.Stream(device=self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._forward(slot, slot.token, slot.mask, slot.position)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            slot.logits = self._forward(slot, slot.token, slot.mask, slot.position)
-        slot.graph = graph
-        self.stats["graphs_captured"] += 1
 
     def _advance(self) -> None:
         """Feed every row its last sampled token at column `col`: the logits of the next step."""
@@ -368,34 +281,14 @@ class Decoder:
         self.stats["relayouts"] += 1
         src, dst = slice(self.col - span, self.col), slice(col - span, col)
         if new is old:
-            if span and src != dst:
-                for layer in new.cache.layers:
-                    layer.keys[:, :, dst] = layer.keys[:, :, src].clone()
-                    layer.values[:, :, dst] = layer.values[:, :, src].clone()
-            if span:
-                kept = new.mask[..., src].clone()
-                new.mask.zero_()
-                new.mask[..., dst] = kept
-            else:
-                new.mask.zero_()
+            shift_columns(new, src, dst, span)
         else:
             new.mask.zero_()
             if live:
-                at_old = torch.tensor(live, device=self.device)
-                at_new = torch.arange(len(live), device=self.device)
-                if span:
-                    for ours, theirs in zip(new.cache.layers, old.cache.layers):
-                        ours.keys[at_new, :, dst] = theirs.keys[at_old, :, src]
-                        ours.values[at_new, :, dst] = theirs.values[at_old, :, src]
-                    new.mask[at_new, :, :, dst] = old.mask[at_old, :, :, src]
-                new.position[at_new] = old.position[at_old]
-                logits = self.logits.new_zeros(rows, self.logits.shape[-1])
-                logits[at_new] = self.logits[at_old]
-                self.logits = logits
+                at_old, at_new = move_rows(old, new, live, src, dst, span, self.device)
+                self.logits = regroup(self.logits, rows, at_old, at_new)
                 if self.feed is not None:
-                    feed = self.feed.new_zeros(rows)
-                    feed[at_new] = self.feed[at_old]
-                    self.feed = feed
+                    self.feed = regroup(self.feed, rows, at_old, at_new)
             else:
                 self.logits = None
             self.rows = [self.rows[i] for i in live] + [None] * (rows - len(live))
@@ -437,10 +330,7 @@ class Decoder:
             return new
         free = [i for i, r in enumerate(self.rows) if r is None][:len(new)]
         at = torch.tensor(free, device=self.device)
-        cols = slice(self.col - width, self.col)
-        for ours, theirs in zip(self.slot.cache.layers, cache.layers):
-            ours.keys[at, :, cols] = theirs.keys
-            ours.values[at, :, cols] = theirs.values
+        write_prefill(self.slot, cache, at, slice(self.col - width, self.col))
         mask = self.slot.mask
         mask[at] = False
         for i, r in zip(free, new):
@@ -457,63 +347,18 @@ class Decoder:
         """Last-token logits and a DynamicCache of the new prompts, left-padded to `width`."""
         from transformers import DynamicCache
 
-        n, dev = len(new), self.device
-        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        valid = torch.zeros(n, width, dtype=torch.bool)
-        for i, r in enumerate(new):
-            ids[i, width - len(r.prompt):] = torch.tensor(r.prompt, dtype=torch.long)
-            valid[i, width - len(r.prompt):] = True
-        ids, valid = ids.to(dev), valid.to(dev)
-        position = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
-        mask = None  # no padding: plain causal attention (the fast kernels)
-        if not bool(valid.all()):
-            causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
-            # Padded query rows attend to themselves only: an all-masked row would put NaN in the cache.
-            mask = ((causal[None] & valid[:, None, :]) | torch.eye(width, dtype=torch.bool, device=dev)[None])[:, None]
+        ids, mask, position = prefill_inputs([r.prompt for r in new], width, self.pad_id, self.device)
         cache = DynamicCache(config=self.model.config)
         logits = self._forward(self.slot, ids, mask, position, cache=cache)
-        self.stats["prefill_tokens"] += n * width
+        self.stats["prefill_tokens"] += len(new) * width
         return logits, cache
 
-    def _sampling_plan(self) -> tuple:
-        """Per-row temperature / top_p tensors and which rows draw noise from where (kept until rows change)."""
-        if self._plan is None:
-            rows = self.rows
-            temps = [r.temperature if r is not None and r.temperature > 0 else 0.0 for r in rows]
-            top_p = [r.top_p if r is not None and r.temperature > 0 else 1.0 for r in rows]
-            own = [(i, r.generator) for i, r in enumerate(rows) if r is not None and r.temperature > 0
-                   and r.generator is not None]
-            shared = any(r is not None and r.temperature > 0 and r.generator is None for r in rows)
-            uniform = len(set(temps)) == 1
-            dev = self.device
-            self._plan = (torch.tensor(temps, device=dev)[:, None], torch.tensor(top_p, device=dev),
-                          min(top_p) < 1.0, own, shared, torch.tensor(temps, device=dev) > 0, uniform, temps[0])
-        return self._plan
-
     def _sample(self) -> None:
-        temps, top_p, any_top_p, own, shared, sampled, uniform, t0 = self._sampling_plan()
-        logits = self.logits.float()
-        if not own and not shared:  # all greedy
-            logp = torch.log_softmax(logits, dim=-1)
-            tokens = logits.argmax(dim=-1)
-        else:
-            scale = t0 if uniform else torch.where(temps > 0, temps, torch.ones_like(temps))
-            logp = torch.log_softmax(logits / scale, dim=-1)
-            if any_top_p:
-                logp = nucleus(logp, top_p)
-            if shared:
-                noise = gumbel(torch.rand(logp.shape, device=logp.device, generator=self.generator))
-                if not uniform:
-                    noise = noise * sampled[:, None]
-            else:
-                noise = torch.zeros_like(logp)
-            if own:
-                drawn = torch.stack([gumbel(torch.rand(logp.shape[-1], device=logp.device, generator=g))
-                                     for _, g in own])
-                noise[torch.tensor([i for i, _ in own], device=logp.device)] = drawn
-            tokens = (logp + noise).argmax(dim=-1)
+        if self._plan is None:  # per-row temperatures and noise sources, kept until the rows change
+            self._plan = sampling_plan(self.rows, self.device)
+        tokens, logprobs = sample_rows(self.logits, self._plan, self.generator)
         self.feed = tokens
-        self.window.append((tokens, logp.gather(1, tokens[:, None])[:, 0]))
+        self.window.append((tokens, logprobs))
 
     def _read(self) -> list[Request]:
         """Bring the window's tokens to the host (one sync); finish rows at a stop token or their limit."""
@@ -526,23 +371,7 @@ class Decoder:
             if r is None:
                 continue
             stop = default_stop if r.stop_ids is None else r.stop_ids
-            finished = False
-            for tok, lp in zip(tokens[i], logprobs[i]):
-                if not math.isfinite(lp):
-                    r.error = FloatingPointError(
-                        f"the model produced non-finite logits while sampling (row {i}, token {len(r.ids)}); "
-                        "the weights have diverged: lower the learning rate or clip gradients harder")
-                    finished = True
-                    break
-                r.ids.append(tok)
-                r.logprobs.append(lp)
-                if tok in stop:
-                    r.stopped = finished = True
-                    break
-                if len(r.ids) >= r.max_new_tokens:
-                    finished = True
-                    break
-            if finished:
+            if record(r, tokens[i], logprobs[i], stop, i):
                 done.append(r)
                 freed.append(i)
                 self.rows[i] = None

@@ -22,7 +22,8 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
-from ait.train.decode import Decoder, Request, bucket_batch
+from ait.train.decode import Decoder, Request
+from ait.train.decode_cache import bucket_batch
 
 
 def eos_ids(model: Any, tokenizer: Any) -> set[int]:
