@@ -24,7 +24,7 @@ import pytest
 from ait.compute.run_job import classify_failure
 from ait.job.types import FailReason
 from ait.sandbox import Limits, RunOutcome, SandboxPolicy, run_untrusted
-from ait.sandbox import diskfs
+from ait.sandbox import diskfs, diskfs_copy, diskfs_waiter
 from ait.sandbox.detect import cached_capabilities, disk_detail
 
 LIMIT = 32 * 2**20
@@ -352,7 +352,7 @@ def test_copy_tree_keeps_holes_and_refuses_links(tmp_path):
     s, d = os.open(src, os.O_RDONLY | os.O_DIRECTORY), os.open(dst, os.O_RDONLY | os.O_DIRECTORY)
     skipped: list[str] = []
     try:
-        copied = diskfs.copy_tree(s, d, None, set(), skipped)
+        copied = diskfs_copy.copy_tree(s, d, None, set(), skipped)
     finally:
         os.close(s)
         os.close(d)
@@ -365,3 +365,11 @@ def test_copy_tree_keeps_holes_and_refuses_links(tmp_path):
         assert f.read() == b"end"
     assert any("link" in s and "not a regular file" in s for s in skipped)
     assert any("second link" in s for s in skipped)
+
+
+def test_the_names_that_moved_out_of_diskfs_are_still_importable_from_it():
+    """diskfs.py was split (diskfs_waiter, diskfs_copy); callers outside the package import from the old path."""
+    assert diskfs.DiskPlan is diskfs_waiter.DiskPlan and diskfs.Waiter is diskfs_waiter.Waiter
+    assert (diskfs.attach_loop, diskfs.is_full, diskfs.MAX_REPORT_BYTES) == (
+        diskfs_waiter.attach_loop, diskfs_waiter.is_full, diskfs_waiter.MAX_REPORT_BYTES)
+    assert diskfs.copy_tree is diskfs_copy.copy_tree and diskfs.MAX_DEPTH == diskfs_copy.MAX_DEPTH

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from ait.sandbox.diskfs import DiskPlan
+from ait.sandbox.diskfs_waiter import DiskPlan
 from ait.sandbox.types import SandboxPolicy
 
 PR_SET_PDEATHSIG = 1
@@ -137,7 +137,7 @@ def apply(plan: LaunchPlan) -> None:
 
             waiter = None
             if plan.disk is not None:
-                from ait.sandbox.diskfs import Waiter
+                from ait.sandbox.diskfs_waiter import Waiter
 
                 waiter = Waiter(plan.disk)
             mounts.unshare_and_fork(waiter)

@@ -78,7 +78,7 @@ def _pivot_root(new_root: str, put_old: str) -> None:
 def unshare_and_fork(disk=None) -> None:
     """Enter new mount and PID namespaces. The caller continues as PID 1 of the new namespace; the
     original process waits outside and leaves with the child's status (never returns).
-    `disk` (an ait.sandbox.diskfs.Waiter): the run's own file system, mounted here before the fork
+    `disk` (an ait.sandbox.diskfs_waiter.Waiter): the run's own file system, mounted here before the fork
     (build_root then binds it like any write path), watched while the child runs, and what it keeps
     copied back once it has ended."""
     _check(_libc().unshare(CLONE_NEWNS | CLONE_NEWPID), "unshare(CLONE_NEWNS|CLONE_NEWPID)")
