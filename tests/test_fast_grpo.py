@@ -44,13 +44,35 @@ class ScriptedDecoder:
     def __init__(self, tok, replies):
         self.tok, self.replies, self.prompts = tok, list(replies), []
 
+    check_every, generator = 1, None
+
+    def reply(self, prompt, max_new_tokens):
+        self.prompts.append(prompt)
+        ids = self.tok(self.replies.pop(0), add_special_tokens=False)["input_ids"][:max_new_tokens]
+        return Sample(ids=ids, logprobs=[-0.5] * len(ids), stopped=ids[-1] in stop_ids(self.tok))
+
     def generate(self, prompts, max_new_tokens, temperature, top_p, generator):
-        out = []
-        for p in prompts:
-            self.prompts.append(p)
-            ids = self.tok(self.replies.pop(0), add_special_tokens=False)["input_ids"][:max_new_tokens]
-            out.append(Sample(ids=ids, logprobs=[-0.5] * len(ids), stopped=ids[-1] in stop_ids(self.tok)))
-        return out
+        return [self.reply(p, max_new_tokens) for p in prompts]
+
+    # the continuous API: every waiting request is answered at the next step, in the order it came
+    waiting: list = []
+
+    @property
+    def busy(self):
+        return bool(self.waiting)
+
+    def submit(self, requests):
+        self.waiting = self.waiting + list(requests)
+
+    def step(self):
+        done, self.waiting = self.waiting, []
+        for r in done:
+            s = self.reply(r.prompt, r.max_new_tokens)
+            r.ids, r.logprobs, r.stopped = s.ids, s.logprobs, s.stopped
+        return done
+
+    def abort(self):
+        self.waiting = []
 
 
 def tok():
@@ -62,12 +84,13 @@ def row():
             "answer": "5", "info": json.dumps({})}
 
 
-def test_tool_turns_continue_in_token_space_and_only_samples_are_trained():
+@pytest.mark.parametrize("continuous", [True, False], ids=["continuous", "turn_by_turn"])
+def test_tool_turns_continue_in_token_space_and_only_samples_are_trained(continuous):
     t = tok()
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'
     dec = ScriptedDecoder(t, [call, "Answer: 5<|im_end|>"])
     [r] = rollout_batch(dec, t, SURFACE, [row()], max_completion_length=200, max_turns=2, temperature=1.0,
-                        top_p=1.0, max_length=4096)
+                        top_p=1.0, max_length=4096, continuous=continuous)
     assert r.tool_calls == 1 and r.tool_errors == 0 and r.final == "Answer: 5" and not r.truncated
     assert [m["role"] for m in r.messages] == ["assistant", "tool", "assistant"] and r.messages[1]["content"] == "5"
     # The second turn's prompt is the first turn's sequence, extended, never re-rendered.
@@ -81,17 +104,19 @@ def test_tool_turns_continue_in_token_space_and_only_samples_are_trained():
     assert all(lp == 0.0 for lp, s in zip(r.logprobs, r.sampled) if not s)
 
 
-def test_budget_truncates_and_broken_calls_answer_errors():
+@pytest.mark.parametrize("continuous", [True, False], ids=["continuous", "turn_by_turn"])
+def test_budget_truncates_and_broken_calls_answer_errors(continuous):
     t = tok()
     bad = '<tool_call>\n{"name": "mul", "arguments": {"a": 2}}\n</tool_call><|im_end|>'
     dec = ScriptedDecoder(t, [bad, "x " * 300])
     [r] = rollout_batch(dec, t, SURFACE, [row()], max_completion_length=60, max_turns=3, temperature=1.0,
-                        top_p=1.0, max_length=4096)
+                        top_p=1.0, max_length=4096, continuous=continuous)
     assert r.tool_errors == 1 and r.messages[1]["content"].startswith("error: unknown tool")
     assert r.truncated and r.completion_tokens == 60
 
 
-def test_a_group_renders_its_prompt_once_and_rollouts_stay_independent(monkeypatch):
+@pytest.mark.parametrize("continuous", [True, False], ids=["continuous", "turn_by_turn"])
+def test_a_group_renders_its_prompt_once_and_rollouts_stay_independent(monkeypatch, continuous):
     """Rows of a GRPO group are one row object: its chat template is rendered once per step, yet each
     rollout owns its token list (one rollout's tool turn must not leak into its siblings)."""
     t = tok()
@@ -107,7 +132,7 @@ def test_a_group_renders_its_prompt_once_and_rollouts_stay_independent(monkeypat
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'
     dec = ScriptedDecoder(t, [call, "Answer: 5<|im_end|>", "Answer: 6<|im_end|>", "Answer: 5<|im_end|>"])
     a, b, c = rollout_batch(dec, t, SURFACE, [shared, shared, other], max_completion_length=200, max_turns=2,
-                            temperature=1.0, top_p=1.0, max_length=4096)
+                            temperature=1.0, top_p=1.0, max_length=4096, continuous=continuous)
     prompts = [m for m in renders if m is shared["prompt"] or m is other["prompt"]]  # (tool turns render too)
     assert len(prompts) == 2  # two distinct rows, three rollouts
     assert a.ids[:a.prompt_len] == b.ids[:b.prompt_len] == c.ids[:c.prompt_len]
@@ -265,3 +290,43 @@ def test_training_turns_off_cudnn_attention(tmp_path):
         assert not torch.backends.cuda.cudnn_sdp_enabled()
     finally:
         torch.backends.cuda.enable_cudnn_sdp(True)
+
+
+def test_continuous_rollouts_on_the_real_decoder_build_what_turn_by_turn_builds(monkeypatch):
+    """The real engine, greedy: every row's first reply is taken as a call of `add` (the tiny model cannot
+    write one), so each row rejoins after its tool turn, continuously or turn by turn. Both schedules give
+    every row the same tokens, masks and tool turns; continuous never decodes more steps."""
+    from ait.chat.renderers import HFRenderer
+    from ait.chat.types import ToolCall
+    from ait.train.decode import Decoder
+
+    from ait.train.rollouts import tool_schemas
+
+    t = tok()
+    rows = [row(), row()]
+    rows[1]["prompt"][1]["content"] = "7+8? Think it through."
+    prompts = [HFRenderer(t).build_generation_prompt(r["prompt"], tool_schemas(SURFACE)) for r in rows]
+    real_parse = HFRenderer.parse_response
+
+    def parse(self, ids, prefix, **kwargs):
+        content, calls = real_parse(self, ids, prefix, **kwargs)
+        if list(prefix) in prompts:  # a row's first reply: as if it called add(2, 3)
+            return content, [ToolCall(name="add", arguments={"a": 2, "b": 3})]
+        return content, calls
+
+    monkeypatch.setattr(HFRenderer, "parse_response", parse)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path(), dtype=torch.float32).eval()
+    out = {}
+    for continuous in (False, True):
+        # a third of the vocabulary stops a reply: the random tiny model's replies end at varied lengths
+        decoder = Decoder(model, stop_ids=range(0, model.config.vocab_size, 3), pad_id=t.pad_token_id)
+        rs = rollout_batch(decoder, t, SURFACE, [rows[0], rows[0], rows[1]], max_completion_length=40, max_turns=2,
+                           temperature=0.0, top_p=1.0, max_length=4096, continuous=continuous)
+        out[continuous] = (rs, decoder.stats["decode_steps"])
+    (turns, steps_t), (cont, steps_c) = out[False], out[True]
+    for a, b in zip(turns, cont):
+        assert a.tool_calls == b.tool_calls == 1
+        assert a.ids == b.ids and a.sampled == b.sampled and a.truncated == b.truncated
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        assert len(a.sampled) == len(a.ids) - a.prompt_len and 0 < a.completion_tokens <= 40
+    assert steps_c <= steps_t

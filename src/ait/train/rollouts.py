@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ait.chat.renderers import HFRenderer
-from ait.train.decode import Decoder
+from ait.train.decode import CHECK_EVERY, Decoder, Request, Sample
 
 TOOL_RESULT_CHARS = 4000  # longer tool output is cut: one chatty tool must not fill the context
 
@@ -123,8 +123,15 @@ class Continuation:
 
 def rollout_batch(decoder: Decoder, tokenizer, surface, rows: list[dict[str, Any]], *, max_completion_length: int,
                   max_turns: int, temperature: float, top_p: float, max_length: int,
-                  generator: torch.Generator | None = None) -> list[Rollout]:
-    """Sample one multi-turn rollout per row (rows repeat for a GRPO group)."""
+                  generator: torch.Generator | None = None, continuous: bool = True) -> list[Rollout]:
+    """Sample one multi-turn rollout per row (rows repeat for a GRPO group).
+
+    continuous (the default): a row whose tool results are in goes back into the running batch at once
+    (the decoder's continuous API), so a step decodes about as long as its longest rollout. Turn by turn
+    (continuous=False), every turn waits for the turn's longest reply, and the step decodes the sum of
+    the turns' longest replies: a row that answers in one short turn still waits out another's long one.
+    Both build every rollout the same way (`take`); only the order of the decoder's work differs
+    (bench/rollout_schedule.py measures the two)."""
     schemas = tool_schemas(surface)
     continuation = Continuation(tokenizer, schemas)
     names = set(surface.tools)
@@ -141,52 +148,92 @@ def rollout_batch(decoder: Decoder, tokenizer, surface, rows: list[dict[str, Any
         ids = list(rendered[id(row)])
         rollouts.append(Rollout(row=row, ids=ids, prompt_len=len(ids)))
     remaining = [max_completion_length] * len(rows)
-    active = list(range(len(rows)))
-    for turn in range(max_turns + 1):
+    turns = [0] * len(rows)
+
+    def budget(i: int) -> int:
+        return min(remaining[i], max_length - len(rollouts[i].ids))
+
+    def take(i: int, s: Sample) -> bool:
+        """Append row i's sampled reply, run its tool calls; True when it goes on with another turn."""
+        r, turn = rollouts[i], turns[i]
+        turns[i] += 1
+        ids, lps, stopped = s.ids[:remaining[i]], s.logprobs[:remaining[i]], s.stopped
+        if len(ids) < len(s.ids):
+            stopped = False
+        prefix = r.ids
+        content, calls = renderer.parse_response(ids, prefix)
+        r.ids = prefix + ids
+        r.sampled += [True] * len(ids)
+        r.logprobs += lps
+        remaining[i] -= len(ids)
+        msg: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            msg["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                 for c in calls]
+        r.messages.append(msg)
+        r.final = content
+        if not stopped:
+            r.truncated = True
+            return False
+        if not calls or turn == max_turns:
+            return False
+        results = []
+        for c in calls:
+            text, ok = run_tool(envs[i], names, c.name, c.arguments)
+            r.tool_calls += 1
+            r.tool_errors += not ok
+            results.append({"role": "tool", "name": c.name, "content": text})
+        r.messages += results
+        tail = continuation(ids[-1], msg["tool_calls"], results)
+        if tail is None or len(r.ids) + len(tail) >= max_length:
+            return False
+        r.ids += tail
+        r.sampled += [False] * len(tail)
+        r.logprobs += [0.0] * len(tail)
+        return budget(i) > 0
+
+    if continuous:
+        run_continuous(decoder, rollouts, budget, take, temperature, top_p, generator)
+    else:
+        run_turn_by_turn(decoder, rollouts, remaining, max_length, take, max_turns, temperature, top_p, generator)
+    return rollouts
+
+
+def run_continuous(decoder: Decoder, rollouts: list[Rollout], budget, take, temperature: float, top_p: float,
+                   generator: torch.Generator | None) -> None:
+    def request(i: int) -> Request:
+        return Request(list(rollouts[i].ids), budget(i), temperature, top_p, tag=i)
+
+    if decoder.busy:
+        raise RuntimeError("rollout_batch() on a Decoder that is serving requests")
+    saved = decoder.check_every, decoder.generator
+    # read the sampled tokens every CHECK_EVERY steps, as generate() does: each read is a GPU sync
+    decoder.check_every, decoder.generator = CHECK_EVERY, generator
+    try:
+        decoder.submit([request(i) for i in range(len(rollouts)) if budget(i) > 0])
+        while decoder.busy:
+            for req in decoder.step():
+                if req.error is not None:
+                    raise req.error
+                if take(req.tag, req.sample()):
+                    decoder.submit([request(req.tag)])
+    except BaseException:
+        decoder.abort()
+        raise
+    finally:
+        decoder.check_every, decoder.generator = saved
+
+
+def run_turn_by_turn(decoder: Decoder, rollouts: list[Rollout], remaining: list[int], max_length: int, take,
+                     max_turns: int, temperature: float, top_p: float, generator: torch.Generator | None) -> None:
+    active = list(range(len(rollouts)))
+    for _ in range(max_turns + 1):
         active = [i for i in active if remaining[i] > 0 and len(rollouts[i].ids) < max_length]
         if not active:
             break
-        budget = max(remaining[i] for i in active)
-        budget = min(budget, max_length - max(len(rollouts[i].ids) for i in active))
-        if budget <= 0:
+        # one batch per turn, one length for all: the largest budget, within the longest row's room
+        n = min(max(remaining[i] for i in active), max_length - max(len(rollouts[i].ids) for i in active))
+        if n <= 0:
             break
-        samples = decoder.generate([rollouts[i].ids for i in active], budget, temperature, top_p, generator)
-        still = []
-        for i, s in zip(active, samples):
-            r = rollouts[i]
-            ids, lps, stopped = s.ids[:remaining[i]], s.logprobs[:remaining[i]], s.stopped
-            if len(ids) < len(s.ids):
-                stopped = False
-            prefix = r.ids
-            content, calls = renderer.parse_response(ids, prefix)
-            r.ids = prefix + ids
-            r.sampled += [True] * len(ids)
-            r.logprobs += lps
-            remaining[i] -= len(ids)
-            msg: dict[str, Any] = {"role": "assistant", "content": content}
-            if calls:
-                msg["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                                     for c in calls]
-            r.messages.append(msg)
-            r.final = content
-            if not stopped:
-                r.truncated = True
-                continue
-            if not calls or turn == max_turns:
-                continue
-            results = []
-            for c in calls:
-                text, ok = run_tool(envs[i], names, c.name, c.arguments)
-                r.tool_calls += 1
-                r.tool_errors += not ok
-                results.append({"role": "tool", "name": c.name, "content": text})
-            r.messages += results
-            tail = continuation(ids[-1], msg["tool_calls"], results)
-            if tail is None or len(r.ids) + len(tail) >= max_length:
-                continue
-            r.ids += tail
-            r.sampled += [False] * len(tail)
-            r.logprobs += [0.0] * len(tail)
-            still.append(i)
-        active = still
-    return rollouts
+        samples = decoder.generate([rollouts[i].ids for i in active], n, temperature, top_p, generator)
+        active = [i for i, s in zip(active, samples) if take(i, s)]
