@@ -24,6 +24,8 @@
 #   matrix      the base-model x K rows of src/ait/compute/pack_measurements.json: MATRIX items
 #               [before/]MODEL:K[xN] (bench/matrix_table.py reads the run)          [inner_job_h200.sh matrix]
 #   decode      the one sampling engine against generate (bench/decode_speed.py): DECODE_MODEL  [.. decode]
+#   rollouts    training rollouts turn by turn against continuous (bench/rollout_schedule.py) on the 0.5B:
+#               ROLLOUT_FAMILIES (ledger dispatch calc_chain), 4 batches of 4 prompts x 8 each
 #   calibrate   untrained scores of the staged models over every family's ladder (bench/calibrate.py) [h200.sh]
 #   uplift      the standard job on the 0.5B at each calibrated rung, the families at once: UPLIFT_FAMILIES,
 #               UPLIFT_LR, UPLIFT_LR_FOR ("calc_chain=1e-6:3e-6 ..."), CAL               [h200.sh uplift]
@@ -248,6 +250,12 @@ run_stage() {
       need "${DECODE_MODEL:-smollm2-135m}"
       timeout 400 python3 bench/decode_speed.py --model "${DECODE_MODEL:-smollm2-135m}" \
         --json "$R/decode-speed-${DECODE_MODEL:-smollm2-135m}.json" > "$R/decode-speed.log" 2>&1 ;;
+    rollouts)
+      need qwen2.5-coder-0.5b
+      for f in ${ROLLOUT_FAMILIES:-ledger dispatch calc_chain}; do
+        timeout 400 python3 bench/rollout_schedule.py --model qwen2.5-coder-0.5b --family "$f" --batches 4 --prompts 4 \
+          --gens 8 --json "$R/rollout-schedule-$f.json" > "$R/rollout-schedule-$f.log" 2>&1 || note "rollouts on $f failed"
+      done ;;
     calibrate)
       need qwen2.5-coder-0.5b; need smollm2-135m
       python3 bench/calibrate.py --model qwen2.5-coder-0.5b --model smollm2-135m --n 200 \
