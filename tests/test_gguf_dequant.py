@@ -42,3 +42,20 @@ def test_a_three_dimensional_tensor_keeps_its_leading_shape() -> None:
     got = gguf_dequant.dequantize(data, "Q8_0", device="cpu")
     assert got.shape == (2, 2, 64)
     assert np.array_equal(got, gguf.quants.dequantize(data, gguf.GGMLQuantizationType.Q8_0))
+
+
+def test_a_device_that_fails_falls_back_to_the_cpu(monkeypatch) -> None:
+    """A GPU out of memory (or one the jobs made unusable) never fails a conversion: the CPU decodes."""
+    import torch
+
+    real_to = torch.Tensor.to
+
+    def failing_to(self, *args, **kwargs):
+        if args and args[0] == "cuda":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", failing_to)
+    data = random_blocks("Q4_K", rows=2, blocks_per_row=1, rng=np.random.default_rng(1))
+    got = gguf_dequant.dequantize(data, "Q4_K", device="cuda")
+    assert np.array_equal(got, gguf.quants.dequantize(data, gguf.GGMLQuantizationType.Q4_K))

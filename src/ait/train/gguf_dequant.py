@@ -49,9 +49,15 @@ def dequantize(data: np.ndarray, qtype_name: str, device: str | None = None) -> 
     with warnings.catch_warnings():  # the reader's memory map is read-only, and these bytes are only read
         warnings.simplefilter("ignore", UserWarning)
         blocks = torch.from_numpy(np.ascontiguousarray(data))
-    blocks = blocks.to(device or default_device()).reshape(-1, size)
-    with torch.no_grad():
-        y = DECODERS[qtype_name](blocks)
+    device = device or default_device()
+    try:
+        with torch.no_grad():
+            y = DECODERS[qtype_name](blocks.to(device).reshape(-1, size))
+    except RuntimeError:  # a GPU out of memory or unusable (the jobs hold it): the same values on the CPU
+        if device == "cpu":
+            raise
+        with torch.no_grad():
+            y = DECODERS[qtype_name](blocks.reshape(-1, size))
     return y.reshape(*rows, data.shape[-1] // size * per_block).cpu().numpy()
 
 
