@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ait.chat.renderers import prepare_tokenizer
 from ait.job.types import TrainConfig
-from ait.train.decode import Sample
+from ait.train.decode import Decoder, Sample
 from ait.train.fast_grpo import advantages, microbatches, policy_loss
 from ait.train.request import TrainOutput
 from ait.chat.renderers import stop_ids
@@ -73,6 +73,8 @@ class ScriptedDecoder:
 
     def abort(self):
         self.waiting = []
+
+    run = Decoder.run  # the engine's own loop over this fake's submit/step
 
 
 def tok():
@@ -298,7 +300,6 @@ def test_continuous_rollouts_on_the_real_decoder_build_what_turn_by_turn_builds(
     every row the same tokens, masks and tool turns; continuous never decodes more steps."""
     from ait.chat.renderers import HFRenderer
     from ait.chat.types import ToolCall
-    from ait.train.decode import Decoder
 
     from ait.train.rollouts import tool_schemas
 

@@ -132,9 +132,17 @@ class Decoder:
             raise ValueError("every prompt needs at least one token")
         if not prompts or max_new_tokens <= 0:
             return [Sample(ids=[]) for _ in prompts]
-        if self.busy:
-            raise RuntimeError("generate() on a Decoder that is serving requests")
         requests = [Request(list(p), max_new_tokens, temperature, top_p) for p in prompts]
+        self.run(requests, generator=generator, caller="generate()")
+        return [r.sample() for r in requests]
+
+    def run(self, requests: list[Request], on_done=None, generator: torch.Generator | None = None,
+            caller: str = "run()") -> None:
+        """Serve `requests` to the end as one batch job (tokens read every CHECK_EVERY steps: each read is a
+        GPU sync). `on_done(request)` sees each finished request and may submit more: a multi-turn
+        rollout's next turn joins the running batch (ait.train.rollouts)."""
+        if self.busy:
+            raise RuntimeError(f"{caller} on a Decoder that is serving requests")
         saved = self.check_every, self.generator
         self.check_every, self.generator = CHECK_EVERY, generator
         try:
@@ -143,12 +151,13 @@ class Decoder:
                 for r in self.step():
                     if r.error is not None:
                         raise r.error
+                    if on_done is not None:
+                        on_done(r)
         except BaseException:
             self.abort()
             raise
         finally:
             self.check_every, self.generator = saved
-        return [r.sample() for r in requests]
 
     # ---- the continuous API --------------------------------------------------------------------
 

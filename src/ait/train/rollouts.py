@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ait.chat.renderers import HFRenderer
-from ait.train.decode import CHECK_EVERY, Decoder, Request, Sample
+from ait.train.decode import Decoder, Request, Sample
 
 TOOL_RESULT_CHARS = 4000  # longer tool output is cut: one chatty tool must not fill the context
 
@@ -204,24 +204,12 @@ def run_continuous(decoder: Decoder, rollouts: list[Rollout], budget, take, temp
     def request(i: int) -> Request:
         return Request(list(rollouts[i].ids), budget(i), temperature, top_p, tag=i)
 
-    if decoder.busy:
-        raise RuntimeError("rollout_batch() on a Decoder that is serving requests")
-    saved = decoder.check_every, decoder.generator
-    # read the sampled tokens every CHECK_EVERY steps, as generate() does: each read is a GPU sync
-    decoder.check_every, decoder.generator = CHECK_EVERY, generator
-    try:
-        decoder.submit([request(i) for i in range(len(rollouts)) if budget(i) > 0])
-        while decoder.busy:
-            for req in decoder.step():
-                if req.error is not None:
-                    raise req.error
-                if take(req.tag, req.sample()):
-                    decoder.submit([request(req.tag)])
-    except BaseException:
-        decoder.abort()
-        raise
-    finally:
-        decoder.check_every, decoder.generator = saved
+    def done(req: Request) -> None:
+        if take(req.tag, req.sample()):
+            decoder.submit([request(req.tag)])
+
+    decoder.run([request(i) for i in range(len(rollouts)) if budget(i) > 0], done, generator,
+                caller="rollout_batch()")
 
 
 def run_turn_by_turn(decoder: Decoder, rollouts: list[Rollout], remaining: list[int], max_length: int, take,
