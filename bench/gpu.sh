@@ -84,6 +84,12 @@ need() {  # MODEL: wait until it is staged, then dequantise it once (the first c
   while [ ! -f "$STAGE/$f.ready" ]; do sleep 2; done
 }
 
+need_all() {  # MODEL...: `need` them at once. Waits on those pids only: a bare `wait` in the main shell also
+  local pids=() m  # waits for the GPU monitor, which never ends (a lease lost 3 min that way)
+  for m in "$@"; do need "$m" & pids+=($!); done
+  [ ${#pids[@]} -eq 0 ] || wait "${pids[@]}"
+}
+
 # The jobs share the GPU under a CUDA MPS daemon of their own: not MPS's default pipe directory, which
 # every CUDA process would join, since one client's fatal fault ends every client of the daemon (on
 # 2026-12-02 an illegal memory access ended the arc's agent with the jobs). ait.compute.local gives the
@@ -179,7 +185,7 @@ stage_arc() {
     sed "s/^jobs_per_gpu = [0-9]*/jobs_per_gpu = ${ARC_JOBS_PER_GPU:-4}/" "$config" > /root/arc-config.toml
     config=/root/arc-config.toml; note "GPU memory ${gib:-?} MiB: jobs_per_gpu = ${ARC_JOBS_PER_GPU:-4}"
   fi
-  for m in ${ARC_MODELS-smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b}; do need "$m" & done; wait
+  need_all ${ARC_MODELS-smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b}
   [ -d "$STAGE/bundle" ] && from=$STAGE/bundle
   for n in $(seq 1 $((${RESTARTS:-3} + 1))); do  # a crash is one more machine lost: resume from the newest bundle
     local dir=$R/arc; [ "$n" -gt 1 ] && dir=$R/arc-$n
@@ -216,7 +222,8 @@ stage_agent_eval() {
 run_stage() {
   note "stage $1 start"
   case "$1" in
-    convert) for m in "${!FILE[@]}"; do [ -f "$STAGE/${FILE[$m]}.gguf.done" ] && need "$m" & done; wait ;;
+    convert) local staged=(); for m in "${!FILE[@]}"; do [ -f "$STAGE/${FILE[$m]}.gguf.done" ] && staged+=("$m"); done
+      need_all "${staged[@]}" ;;
     inner-job)
       need "${MODEL:-smollm2-135m}"
       [ -n "${BASELINE_SRC:-}" ] && inner alone-before "$BASELINE_SRC"
@@ -278,7 +285,7 @@ run_stage() {
     surface) stage_surface ;;
     arc) stage_arc ;;
     transfer)
-      for m in ${ARC_MODELS-smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b}; do need "$m" & done; wait; jobs_mps
+      need_all ${ARC_MODELS-smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b}; jobs_mps
       local final; final=${FINAL:-$(newest_bundle)}; final=${final:-$STAGE/bundle}
       python3 bench/heldout_transfer.py --start "${START:-$STAGE/step0}" --final "$final" \
         --episodes "${TRANSFER_EPISODES:-16}" --out /root/transfer --config "${CONFIG:-configs/outer/h200_qwen15.toml}" \
