@@ -24,10 +24,13 @@ done
 ls "$R"/arc-*.log > /dev/null 2>&1 && grep -hv Warning "$R"/arc-*.log | tail -n 2 | cut -c1-300
 nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader 2>/dev/null
 [ -n "${OUT:-}" ] || exit 0
-tar czf "$OUT/results.tgz" --exclude='*.safetensors' --exclude='*.bin' --exclude='*.gguf' --exclude='*.part-*' \
-  --exclude=checkpoints --exclude='*.pt' -C "$R" . 2>/dev/null
+# The pieces first: they are what a later machine resumes from, and a poll cut short must still bring them.
 cp "$R"/bundle.tar.part-* "$OUT/" 2>/dev/null
 if [ ! -f "$R/step0.sent" ] && ls "$R"/step0.tar.part-* > /dev/null 2>&1; then
   cp "$R"/step0.tar.part-* "$OUT/" && touch "$R/step0.sent"
 fi
+# Never the episodes' disk images (sparse, 16 GiB each: tar reads every byte and the call ran out of time
+# on 2026-12-07) nor the jobs' CUDA caches; and a bounded tar, so the call always ends in time.
+timeout "${TAR_S:-60}" tar czf "$OUT/results.tgz" --exclude='*.img' --exclude=.home --exclude='*.safetensors' \
+  --exclude='*.bin' --exclude='*.gguf' --exclude='*.part-*' --exclude=checkpoints --exclude='*.pt' -C "$R" . 2>/dev/null
 ls -la "$OUT" | tail -n +2 | awk '{print $5, $9}' | tr '\n' ' '; echo

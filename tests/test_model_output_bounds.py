@@ -135,3 +135,30 @@ def test_an_eval_that_dies_on_the_trained_checkpoint_is_the_jobs_failure(tmp_pat
         with pytest.raises(EvalFailed) as failed:
             finish_eval(Finished(outcome), None, eval_dir)
         assert failed.value.job_fault is jobs and ("on the trained checkpoint" in str(failed.value)) is jobs
+
+
+def test_an_eval_out_of_memory_is_classed_oom_so_a_packed_job_is_rerun_alone(tmp_path, monkeypatch):
+    """On an 80 GB card beside the agent and packed jobs a 2 GB eval's allocation failed and the job
+    was scored as an infrastructure error; it exits EXIT_EVAL_OOM now, which the runner names oom."""
+    import torch
+
+    from ait.evals import hidden_eval
+    from ait.evals.runner import EXIT_EVAL_OOM, EvalFailed, finish_eval
+    from ait.sandbox.process import RunOutcome
+
+    assert hidden_eval.EXIT_EVAL_OOM == EXIT_EVAL_OOM
+    request = tmp_path / "req.json"
+    request.write_text("{}")
+    monkeypatch.setattr(hidden_eval.EvalRequest, "model_validate_json", classmethod(lambda cls, text: None))
+    for error in (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 62.00 MiB"), MemoryError()):
+        def evaluate(req, error=error):
+            raise error
+        monkeypatch.setattr(hidden_eval, "evaluate", evaluate)
+        assert hidden_eval.main([str(request)]) == EXIT_EVAL_OOM
+    # A CUDA fault is still a fault, not memory.
+    monkeypatch.setattr(hidden_eval, "evaluate", lambda req: (_ for _ in ()).throw(RuntimeError("CUDA error: illegal")))
+    assert hidden_eval.main([str(request)]) == hidden_eval.EXIT_GPU_FAULT
+
+    with pytest.raises(EvalFailed) as failed:
+        finish_eval(Finished(RunOutcome(EXIT_EVAL_OOM, False, 5.0, "ait: out of GPU memory during the eval")), None, tmp_path)
+    assert failed.value.oom and not failed.value.job_fault and not failed.value.gpu_fault

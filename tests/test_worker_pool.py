@@ -370,6 +370,7 @@ def test_jobs_that_share_a_gpu_score_in_smaller_micro_batches(monkeypatch):
     ({}, FailReason.infra),                    # the eval (no agent code in it) failed: not the job's doing
     ({"job_fault": True}, FailReason.crash),   # the checkpoint the job wrote was refused
     ({"gpu_fault": True}, FailReason.gpu_fault),
+    ({"oom": True}, FailReason.oom),            # re-run alone when packed (local.RETRY_ALONE)
 ])
 def test_an_eval_failure_is_classed_by_whose_it_is(monkeypatch, tmp_path, failure, reason):
     from ait.compute import run_job as run_job_mod

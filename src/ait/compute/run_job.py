@@ -209,8 +209,10 @@ def _score(job: Job, job_dir: Path, outcome: RunOutcome, evaluator, req, eval_di
         report = finish_eval(evaluator, req, eval_dir, EVAL_TIMEOUT_S, stdin_line="go")
     except EvalFailed as e:
         # The eval runs no agent code: its failure is the infrastructure's, unless the checkpoint the
-        # job wrote was refused (the job's) or a CUDA fault ended it (re-run alone when packed).
-        reason = FailReason.crash if e.job_fault else FailReason.gpu_fault if e.gpu_fault else FailReason.infra
+        # job wrote was refused (the job's) or a CUDA fault or lack of memory ended it (re-run alone when
+        # packed; alone, an eval that runs out of memory is the job's, as its training's would be).
+        reason = (FailReason.crash if e.job_fault else FailReason.gpu_fault if e.gpu_fault
+                  else FailReason.oom if e.oom else FailReason.infra)
         return JobResult(ok=False, fail_reason=reason, error=f"hidden eval: {e}",
                          total_seconds=time.monotonic() - start, **base)
     metrics = {k: v for k, v in trained.metrics.items() if isinstance(v, float)}

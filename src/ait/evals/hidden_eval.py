@@ -434,6 +434,7 @@ def evaluate(req: EvalRequest) -> EvalReport:
 
 EXIT_BAD_CHECKPOINT = 4
 EXIT_GPU_FAULT = 5  # as the trainer's (ait.train.request): under MPS a neighbour's fault kills every client
+EXIT_EVAL_OOM = 7  # out of GPU or host memory: beside packed neighbours the runner re-runs it alone
 
 
 def main(argv: list[str]) -> int:
@@ -445,9 +446,15 @@ def main(argv: list[str]) -> int:
     except CheckpointError as e:  # the job's fault, not the eval's: said so by the exit status
         print(f"ait: checkpoint refused: {e}", file=sys.stderr)
         return EXIT_BAD_CHECKPOINT
+    except MemoryError as e:
+        print(f"ait: out of memory during the eval: {e}", file=sys.stderr)
+        return EXIT_EVAL_OOM
     except RuntimeError as e:
         import torch
 
+        if isinstance(e, torch.OutOfMemoryError):  # a RuntimeError too: checked before the CUDA faults
+            print(f"ait: out of GPU memory during the eval: {str(e).splitlines()[0]}", file=sys.stderr)
+            return EXIT_EVAL_OOM
         accelerator_error = getattr(torch, "AcceleratorError", RuntimeError)
         if isinstance(e, accelerator_error) or str(e).startswith("CUDA error"):
             print(f"ait: CUDA fault during the eval: {type(e).__name__}: {e}", file=sys.stderr)

@@ -28,16 +28,17 @@ from ait.train.models import ResolvedModel
 EVAL_TIMEOUT_S = 3600.0
 REQUEST_NAME, REPORT_NAME = "eval_request.json", "eval.json"
 MAX_REPORT_BYTES = 20_000_000
-EXIT_NO_CHECKPOINT, EXIT_BAD_CHECKPOINT, EXIT_GPU_FAULT = 3, 4, 5
+EXIT_NO_CHECKPOINT, EXIT_BAD_CHECKPOINT, EXIT_GPU_FAULT, EXIT_EVAL_OOM = 3, 4, 5, 7
 
 
 class EvalFailed(RuntimeError):
     """The eval process did not produce a report. `job_fault`: the job's checkpoint was to blame;
-    `gpu_fault`: a CUDA fault ended it (under MPS possibly a neighbour's)."""
+    `gpu_fault`: a CUDA fault ended it (under MPS possibly a neighbour's); `oom`: it ran out of memory
+    (beside packed jobs most likely their doing: the job is re-run alone)."""
 
-    def __init__(self, message: str, job_fault: bool = False, gpu_fault: bool = False):
+    def __init__(self, message: str, job_fault: bool = False, gpu_fault: bool = False, oom: bool = False):
         super().__init__(message)
-        self.job_fault, self.gpu_fault = job_fault, gpu_fault
+        self.job_fault, self.gpu_fault, self.oom = job_fault, gpu_fault, oom
 
 
 def pre_cache_dir() -> Path:
@@ -98,6 +99,9 @@ def finish_eval(process: StartedProcess, req: EvalRequest, eval_dir: Path, timeo
     on_checkpoint = reached_checkpoint(eval_dir)
     if outcome.returncode == EXIT_GPU_FAULT:
         raise EvalFailed(f"a CUDA fault ended the eval: {last_line(outcome.log_tail)}", gpu_fault=True)
+    if outcome.returncode == EXIT_EVAL_OOM or outcome.oom_killed:
+        # Seen on 2026-12-07: an 80 GB card with the agent and four packed jobs; a 2 GB eval's allocation failed.
+        raise EvalFailed(f"the eval ran out of memory: {last_line(outcome.log_tail)}", oom=True)
     if outcome.returncode == EXIT_BAD_CHECKPOINT:
         raise EvalFailed(f"the trained checkpoint was refused: {last_line(outcome.log_tail)}", job_fault=True)
     # Past the point where it turned to the trained checkpoint, the eval ran only on what the job
