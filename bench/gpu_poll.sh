@@ -18,7 +18,9 @@ for line in open(sys.argv[1]):
     r = json.loads(line)
     fam = " ".join(f"{k}:q{v['job_quality_mean']:+.3f}/sd{v['job_quality_std']:.3f}/c{v['distinct_configs']}/v{v['valid_rate']:.2f}"
                    for k, v in sorted(r.get("families", {}).items()))
-    print(f"step {r['step']} {r['seconds']:.0f}s reward {r['reward_mean']:+.3f} valid {r['valid_rate']:.2f} {fam}")
+    mem = r.get("trainer/agent_peak_reserved_gib")
+    print(f"step {r['step']} {r['seconds']:.0f}s reward {r['reward_mean']:+.3f} valid {r['valid_rate']:.2f} "
+          f"agent {mem if mem is None else round(mem, 1)} GiB {fam}")
 PY
 done
 ls "$R"/arc-*.log > /dev/null 2>&1 && grep -hv Warning "$R"/arc-*.log | tail -n 2 | cut -c1-300

@@ -234,7 +234,8 @@ class LocalBackend:
         if not active:
             return StepStats(step=self.step, loss=0.0, tokens=tokens, datums=len(batch),
                              seconds=time.monotonic() - t0,
-                             extra={"skipped": 1.0, "active_tokens": 0.0, "forward_tokens": 0.0, **counts})
+                             extra={"skipped": 1.0, "active_tokens": 0.0, "forward_tokens": 0.0, **counts,
+                                    **self.gpu_memory_peaks()})
         self.model.train()
         loss_total, drift, drift_n = importance_sampling_backward(self.model, active, tokens,
                                                                   self.config.policy.temperature)
@@ -248,7 +249,21 @@ class LocalBackend:
                          seconds=time.monotonic() - t0,
                          extra={"grad_norm": float(grad_norm), "active_tokens": float(drift_n),
                                 "kl_sample_train": drift / max(drift_n, 1),
-                                "forward_tokens": float(sum(len(seq.tokens) for seq, _ in active)), **counts})
+                                "forward_tokens": float(sum(len(seq.tokens) for seq, _ in active)), **counts,
+                                **self.gpu_memory_peaks()})
+
+    def gpu_memory_peaks(self) -> dict[str, float]:
+        """The agent's peak GPU memory since the last step (sampling and training), then reset: what
+        [outer] agent_gpu_gib must hold back from the packed jobs (on an 80 GB card the agent and four
+        jobs filled it on 2026-12-07). Empty off CUDA."""
+        import torch
+
+        if not self.device.startswith("cuda") or not torch.cuda.is_available():
+            return {}
+        peaks = {"agent_peak_allocated_gib": torch.cuda.max_memory_allocated(self.device) / 2**30,
+                 "agent_peak_reserved_gib": torch.cuda.max_memory_reserved(self.device) / 2**30}
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return peaks
 
     def trainable_params(self) -> int:
         """Trainable (LoRA) parameters: what a checkpoint's size scales with (ait.outer.state_codec)."""
