@@ -6,9 +6,11 @@ one line; the encodings' sizes for the real 0.5B agent's shape against the 64 Mi
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -93,6 +95,14 @@ def test_the_real_agents_bundle_fits_64_mib_in_at_most_8_files() -> None:
 # ---- one arc over two machines --------------------------------------------------------------
 
 
+def load_bench(name: str):
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.slow  # three outer steps over two "machines" (~45 s); the bundle's parts are tested above by default
 @pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`:UserWarning")
 def test_an_arc_continues_on_another_machine_from_the_bundle_alone(tmp_path: Path, monkeypatch) -> None:
@@ -120,9 +130,18 @@ def test_an_arc_continues_on_another_machine_from_the_bundle_alone(tmp_path: Pat
     start, warm_start = adapter(step0 / "backend"), adapter(warm)
     assert start.keys() == warm_start.keys() and all(torch.equal(start[k], warm_start[k]) for k in start)
 
-    # Machine B: the bundle alone. A's run, warm start and AIT_HOME are out of reach.
+    # Machine B: the bundle alone, carried as a lease carries it (bench/gpu.sh packs it in pieces, a poll
+    # brings them back, bench/arc_collect.py checks and keeps them, the next machine joins them). A's run,
+    # warm start and AIT_HOME are out of reach.
     bundle = b / "bundle"
-    shutil.copytree(step2, bundle)
+    bundle.mkdir()
+    poll = tmp_path / "poll"
+    poll.mkdir()
+    subprocess.run(f"tar cf - -C {step2} . | split -b 64K -d - {poll}/bundle.tar.part-", shell=True, check=True)
+    collect = load_bench("arc_collect")
+    assert collect.main([str(poll), "--machine", "a", "--arc", str(tmp_path / ".arc"), "--out", str(tmp_path / "kept")]) == 0
+    assert json.loads((tmp_path / "kept" / "bundle.json").read_text())["step"] == 2
+    subprocess.run(f"cat {tmp_path}/.arc/bundle/bundle.tar.part-* | tar xf - -C {bundle}", shell=True, check=True)
     shutil.move(str(a), str(tmp_path / "gone"))
     monkeypatch.setenv("AIT_HOME", str(b / "home"))
     overrides["max_steps"] = 3
