@@ -12,7 +12,7 @@ from ait.job.types import JobConfig, JobResult
 from ait.metering import CostSummary, JobCost
 from ait.outer.metrics import FAMILY_KEYS, KEYS, Episode, SampledGroup, step_metrics
 from ait.outer.types import StepStats, Trajectory, TrajectoryGroup, Turn
-from ait.probe.types import ProbeReport
+from ait.probe.types import ProbeReport, RewardChoice
 from ait.reward import RewardBreakdown
 
 TEMPLATE = {"job": {"base_model": "tiny"},
@@ -21,11 +21,13 @@ TEMPLATE = {"job": {"base_model": "tiny"},
 
 def episode(reward: float, *, job_toml: dict | None = None, post: float | None = None, best_pre: float | None = None,
             model: str = "tiny", timed_out: bool = False, usd: float = 0.0, family: str = "calc_chain",
-            job_quality: float | None = None) -> Episode:
+            job_quality: float | None = None, weights: list[float] | None = None) -> Episode:
     submissions, jobs, job = [], [], None
     if job_toml is not None:
         config = JobConfig.model_validate(job_toml)
-        submissions = [Submission(attempt=1, parseable=True, report=ProbeReport(valid=True, config=config))]
+        rewards = [RewardChoice(name=f"reward_{i}", weight=w) for i, w in enumerate(weights or [])]
+        submissions = [Submission(attempt=1, parseable=True, report=ProbeReport(valid=True, config=config,
+                                                                                rewards=rewards))]
         job = JobResult(job_id="j", ok=post is not None, base_model=model, post=post, pre=best_pre)
         jobs = [JobRecord(attempt=1, job_id="j", result=job,
                           cost=JobCost(gpus=0, wall_s=1, gpu_seconds=0, cpu_seconds=1, usd=usd))]
@@ -84,7 +86,8 @@ def test_a_step_without_jobs_has_empty_shares_and_null_means() -> None:
     assert row["post_mean"] is None and row["uplift_mean"] is None and row["reward_std"] == 0.0
     assert "heldout_reward" not in row
     assert row["families"] == {"calc_chain": {"episodes": 2, "valid_rate": 0.0, "job_quality_mean": 0.0,
-                                              "job_quality_std": 0.0, "configs": [], "distinct_configs": 0}}
+                                              "job_quality_std": 0.0, "configs": [], "distinct_configs": 0,
+                                              "shaped_share": None}}
 
 
 def with_lr(lr: float, model: str = "tiny", max_steps: int = 1) -> dict:
@@ -94,10 +97,10 @@ def with_lr(lr: float, model: str = "tiny", max_steps: int = 1) -> dict:
 def test_per_family_figures() -> None:
     """Two families over three groups: each family's valid rate, job-quality mean and (population) std, and
     the (base model, learning rate, max steps) triples its jobs chose, counted."""
-    ledger = [episode(0.6, job_toml=with_lr(1e-5), post=0.5, family="ledger", job_quality=0.2),
-              episode(0.9, job_toml=with_lr(1e-5), post=0.7, family="ledger", job_quality=0.6),
+    ledger = [episode(0.6, job_toml=with_lr(1e-5), post=0.5, family="ledger", job_quality=0.2, weights=[1.0, 0.1]),
+              episode(0.9, job_toml=with_lr(1e-5), post=0.7, family="ledger", job_quality=0.6, weights=[1.0, 0.0]),
               episode(0.5, job_toml=with_lr(3e-6, "Qwen/Qwen3-0.6B", 50), post=0.4, family="ledger",
-                      job_quality=0.4),
+                      job_quality=0.4, weights=[1.0, 0.5, 0.2]),
               episode(-0.1, family="ledger")]  # no valid job: counts for the valid rate, chose nothing
     dispatch = [episode(0.7, job_toml=with_lr(1e-5), post=0.3, family="dispatch", job_quality=0.3),
                 episode(0.7, job_toml=with_lr(1e-5), post=0.3, family="dispatch", job_quality=0.3)]
@@ -112,11 +115,13 @@ def test_per_family_figures() -> None:
     # population std of (0.2, 0.6, 0.4, 0.0): sqrt(0.05); the sample std would be sqrt(0.2 / 3)
     assert led["job_quality_std"] == pytest.approx(0.05 ** 0.5)
     assert led["distinct_configs"] == 2
+    # partial credit on (0.1), off (weight 0: one reward left), three rewards on: two of three jobs shaped
+    assert led["shaped_share"] == pytest.approx(2 / 3)
     assert led["configs"] == [{"base_model": "tiny", "learning_rate": 1e-5, "max_steps": 1, "count": 2},
                               {"base_model": "Qwen/Qwen3-0.6B", "learning_rate": 3e-6, "max_steps": 50, "count": 1}]
     assert dis == {"episodes": 2, "valid_rate": 1.0, "job_quality_mean": pytest.approx(0.3), "job_quality_std": 0.0,
                    "configs": [{"base_model": "tiny", "learning_rate": 1e-5, "max_steps": 1, "count": 2}],
-                   "distinct_configs": 1}
+                   "distinct_configs": 1, "shaped_share": None}
     assert row["valid_rate"] == pytest.approx(5 / 6)  # the step's own keys are unchanged
 
 

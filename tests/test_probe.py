@@ -251,6 +251,9 @@ def test_reference_job_is_valid(probe_report) -> None:
     assert report.config.job.base_model == "tiny" and report.config.train.dataset_size == 64
     assert report.dataset_rows == 64
     assert 0 < report.seconds < 60
+    # its reward shaping, as env.py weighs it (reported for the arc's per-family rows, never scored)
+    assert [(r.name, r.weight) for r in report.rewards] == [("reward_correct", 1.0), ("reward_close", 0.3),
+                                                           ("reward_format", 0.1)]
 
 
 # --- env.py import ----------------------------------------------------------------------------------

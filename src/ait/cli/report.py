@@ -58,7 +58,7 @@ def family_table(rows: list[dict]) -> Table:
     steps = sorted({r["step"] for r in rows})
     shown = set(steps[-TERMINAL_STEPS:])
     title = "per family" + (f" (last {len(shown)} of {len(steps)} steps)" if len(shown) < len(steps) else "")
-    table = Table("step", "family", "episodes", "valid", "job quality", "± std", "distinct", "jobs chose",
+    table = Table("step", "family", "episodes", "valid", "job quality", "± std", "distinct", "shaped", "jobs chose",
                   title=title, title_justify="left")
     last = None
     for r in rows:
@@ -69,6 +69,7 @@ def family_table(rows: list[dict]) -> Table:
         last = r["step"]
         table.add_row(str(r["step"]), escape(str(r["family"])), _n(r.get("episodes")), _f(r.get("valid_rate")),
                       _f(r.get("job_quality_mean")), _f(r.get("job_quality_std")), _n(r.get("distinct_configs")),
+                      _f(r.get("shaped_share")),
                       escape("; ".join(config_label(c) for c in r.get("configs") or []) or "–"))
     return table
 

@@ -68,6 +68,8 @@ FAMILY_KEYS: dict[str, str] = {
     "configs": "[{base_model, learning_rate, max_steps, count}] over the jobs they ran (every job of an episode "
                "with max_jobs > 1), most used first",
     "distinct_configs": "distinct (base_model, learning_rate, max_steps) triples among those jobs",
+    "shaped_share": "fraction of those jobs whose reward is shaped: more than one reward function with a "
+                    "non-zero weight (e.g. partial credit beside correctness); null when none reported it",
 }
 HELDOUT_KEYS: dict[str, str] = {
     "heldout_reward": "mean reward of the held-out (triage) episodes, policy after this step's update",
@@ -135,6 +137,17 @@ def keys_set(config: JobConfig, defaults: dict[str, Any]) -> set[str]:
     return {k for k, v in values.items() if k in defaults and v != defaults[k]}
 
 
+def jobs_rewards(result: EpisodeResult) -> list[list[tuple[str, float]]]:
+    """The (reward function, weight) list of every job the episode ran, as its probe reported it."""
+    by_attempt = {s.attempt: s.report for s in result.submissions}
+    return [[(r.name, r.weight) for r in report.rewards] for rec in result.jobs
+            if (report := by_attempt.get(rec.attempt)) is not None and report.config is not None and report.rewards]
+
+
+def shaped(rewards: list[tuple[str, float]]) -> bool:
+    return sum(w != 0.0 for _, w in rewards) > 1
+
+
 def jobs_configs(result: EpisodeResult) -> list[JobConfig]:
     """The job.toml of every job the episode ran (from the submission whose probe admitted it)."""
     by_attempt = {s.attempt: s.report.config for s in result.submissions}
@@ -162,6 +175,7 @@ def family_figures(episodes: list[Episode]) -> dict[str, dict[str, Any]]:
         quality = [r.reward.job_quality for r in results]
         triples = Counter((c.job.base_model, c.train.learning_rate, c.train.max_steps)
                           for r in results for c in jobs_configs(r))
+        shaping = [shaped(rw) for r in results for rw in jobs_rewards(r)]
         out[family] = {
             "episodes": len(results),
             "valid_rate": sum(r.reward.valid_attempt is not None for r in results) / len(results),
@@ -170,6 +184,7 @@ def family_figures(episodes: list[Episode]) -> dict[str, dict[str, Any]]:
             "configs": [{"base_model": m, "learning_rate": lr, "max_steps": n, "count": k}
                         for (m, lr, n), k in sorted(triples.items(), key=lambda t: (-t[1], t[0]))],
             "distinct_configs": len(triples),
+            "shaped_share": mean([float(s) for s in shaping]),
         }
     return out
 

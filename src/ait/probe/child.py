@@ -108,8 +108,9 @@ def sample_completions(answer: str) -> list[str]:
 
 
 def observe_rewards(surface, rows: list[dict], obs: Observations, env_path: Path) -> None:
-    for fn in surface.reward_funcs:
-        r = RewardObservation(name=getattr(fn, "__name__", "reward"))
+    weights = surface.reward_weights or [1.0] * len(surface.reward_funcs)
+    for fn, weight in zip(surface.reward_funcs, weights):
+        r = RewardObservation(name=short(str(getattr(fn, "__name__", "reward"))), weight=weight)
         for row in rows[:4]:
             answer = str(row["answer"])
             for completion in sample_completions(answer):

@@ -8,6 +8,7 @@ computed here by `ait.probe.checks`, so agent code cannot write its own verdict.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import shutil
 import tempfile
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from ait.job.config import JobConfigError, load_job_config
 from ait.probe.checks import verdict
-from ait.probe.types import Observations, ProbeCheck, ProbeError, ProbeReport, ProbeRequest
+from ait.probe.types import Observations, ProbeCheck, ProbeError, ProbeReport, ProbeRequest, RewardChoice
 from ait.safe_io import read_regular_file
 from ait.sandbox import Limits, SandboxPolicy, run_untrusted, scrubbed_env
 from ait.sandbox.watch import size
@@ -105,7 +106,13 @@ def probe_workspace(workspace: str | Path, spec: TaskSpec, timeout_s: float = DE
         errors += verdict(obs, spec, size)
     return ProbeReport(valid=not errors, errors=errors, seconds=time.monotonic() - start,
                        config=config if not errors else None,
-                       dataset_rows=obs.dataset_count if obs else None)
+                       dataset_rows=obs.dataset_count if obs else None,
+                       rewards=reward_choices(obs) if obs and not errors else [])
+
+
+def reward_choices(obs: Observations) -> list[RewardChoice]:
+    """The job's reward functions and weights as the child saw them (untrusted: reported, never scored)."""
+    return [RewardChoice(name=r.name[:200], weight=r.weight) for r in obs.rewards if math.isfinite(r.weight)]
 
 
 def run_child(workspace: Path, req: ProbeRequest, timeout_s: float) -> Observations | ProbeError:

@@ -33,6 +33,11 @@ class ProbeError(BaseModel):
     """What is wrong and what to do, in one line."""
 
 
+class RewardChoice(BaseModel):
+    name: str = Field(max_length=200)
+    weight: float = Field(allow_inf_nan=False)
+
+
 class ProbeReport(BaseModel):
     valid: bool
     """True when every check passed."""
@@ -44,6 +49,8 @@ class ProbeReport(BaseModel):
     """The parsed job.toml when it was valid."""
     dataset_rows: int | None = None
     """Rows the builder returned."""
+    rewards: list[RewardChoice] = Field(default_factory=list)
+    """The valid job's reward functions and weights (its reward shaping, for the arc's reports)."""
 
     def summary(self) -> str:
         if self.valid:
@@ -82,6 +89,8 @@ class ToolObservation(BaseModel):
 class RewardObservation(BaseModel):
     name: str
     """Reward function name."""
+    weight: float = 1.0
+    """Its REWARD_WEIGHTS entry (1.0 when env.py gives none)."""
     values: list[float] = Field(default_factory=list)
     """Valid values returned on the sample completions."""
     bad_values: list[str] = Field(default_factory=list)

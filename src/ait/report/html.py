@@ -28,7 +28,7 @@ details table { font-size: 0.8rem; }
 
 FAMILY_COLUMNS = (("step", "step"), ("family", "family"), ("episodes", "episodes"), ("valid_rate", "valid rate"),
                   ("job_quality_mean", "job quality"), ("job_quality_std", "± std"),
-                  ("distinct_configs", "distinct configs"))
+                  ("distinct_configs", "distinct configs"), ("shaped_share", "shaped reward"))
 """Per-family table: (key of ait.report.metrics.family_rows, header); the jobs' choices follow."""
 
 STEP_COLUMNS = ("step", "reward_mean", "validation", "job_quality", "speed", "valid_rate", "post_mean",

@@ -21,7 +21,8 @@ NUMBER_KEYS = ("step", "time", "seconds", "reward_mean", "reward_std", "validati
 """Keys read as numbers (int or float; null = missing)."""
 SHARE_KEYS = ("base_model_share", "hparam_use", "stop_share", "seconds_by_phase")
 """Keys read as {name: number} (fractions; seconds for seconds_by_phase; null = missing)."""
-FAMILY_NUMBER_KEYS = ("episodes", "valid_rate", "job_quality_mean", "job_quality_std", "distinct_configs")
+FAMILY_NUMBER_KEYS = ("episodes", "valid_rate", "job_quality_mean", "job_quality_std", "distinct_configs",
+                      "shaped_share")
 """Numbers of each family's object under `families` (ait.outer.metrics.FAMILY_KEYS); rows written before
 the key have no `families` and so no per-family rows."""
 
@@ -134,7 +135,7 @@ def series(rows: list[dict[str, Any]], key: str) -> list[tuple[float, float]]:
 
 def family_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One flat row per (step, family) trained on: {step, family, episodes, valid_rate, job_quality_mean,
-    job_quality_std, configs, distinct_configs}, in step order, families sorted within a step."""
+    job_quality_std, configs, distinct_configs, shaped_share}, in step order, families sorted within a step."""
     return [{"step": row["step"], "family": name, **figures}
             for row in rows for name, figures in sorted((row.get("families") or {}).items())]
 
