@@ -56,7 +56,7 @@ cd "$(dirname "$0")/.."
 R=${RESULTS:-/root/results} STAGE=${STAGE:-/root/stage}
 mkdir -p "$R"
 # The staging calls re-copy the working tree under this script's feet: run from a private copy.
-CODE=/root/code
+CODE=${CODE:-/root/code}
 if [ "$PWD" != "$CODE" ]; then
   rm -rf "$CODE"; mkdir -p "$CODE"; cp -r src bench examples configs docs pyproject.toml "$CODE/"
   [ -n "${BASELINE_SRC:-}" ] && [ -d "$BASELINE_SRC" ] && cp -r "$BASELINE_SRC" /root/baseline-src && BASELINE_SRC=/root/baseline-src
@@ -156,7 +156,9 @@ stage_surface() {
   wait $a 2>/dev/null
 }
 
-ait() { python3 -c "from ait.cli import app; app()" "$@"; }
+ait() {  # AIT_CMD: another command in its place (tests/test_gpu_script.py runs the arc stage with a fake one)
+  if [ -n "${AIT_CMD:-}" ]; then "$AIT_CMD" "$@"; else python3 -c "from ait.cli import app; app()" "$@"; fi
+}
 newest_bundle() {  # the highest complete step over this machine's arc run directories (arc, arc-2, ...)
   for d in "$R"/arc*/checkpoints/step_*; do [ -f "$d/bundle.json" ] && echo "${d##*step_} $d"; done \
     | sort -n | tail -1 | cut -d' ' -f2
@@ -176,7 +178,8 @@ pack_newest() {  # the newest complete checkpoint as 15 MiB pieces (at most 5 fi
   fi
 }
 # An arc that continues carries the last machine's pieces (kept in the ignored .arc/) and joins them first:
-#   mkdir -p /root/stage/bundle && cat .arc/bundle.tar.part-* | tar xf - -C /root/stage/bundle
+#   mkdir -p /root/stage/bundle && cat .arc/bundle/bundle.tar.part-* | tar xf - -C /root/stage/bundle
+# (bench/arc_collect.py keeps them there after each poll).
 stage_arc() {
   local config=${CONFIG:-configs/outer/h200_qwen15.toml} from="" gib
   gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
@@ -186,8 +189,8 @@ stage_arc() {
   # trainer/agent_peak_reserved_gib, printed by each poll) says how much it needs.
   if [ -n "${ARC_JOBS_PER_GPU:-}${ARC_AGENT_GIB:-}" ] || [ "${gib:-200000}" -lt 100000 ]; then
     sed -e "s/^jobs_per_gpu = [0-9]*/jobs_per_gpu = ${ARC_JOBS_PER_GPU:-4}/" \
-        -e "s/^agent_gpu_gib = [0-9.]*/agent_gpu_gib = ${ARC_AGENT_GIB:-40}/" "$config" > /root/arc-config.toml
-    config=/root/arc-config.toml; note "GPU memory ${gib:-?} MiB: jobs_per_gpu = ${ARC_JOBS_PER_GPU:-4}, agent_gpu_gib = ${ARC_AGENT_GIB:-40}"
+        -e "s/^agent_gpu_gib = [0-9.]*/agent_gpu_gib = ${ARC_AGENT_GIB:-40}/" "$config" > "$R/outer-config.toml"
+    config=$R/outer-config.toml; note "GPU memory ${gib:-?} MiB: jobs_per_gpu = ${ARC_JOBS_PER_GPU:-4}, agent_gpu_gib = ${ARC_AGENT_GIB:-40}"
   fi
   need_all ${ARC_MODELS-smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b}
   [ -d "$STAGE/bundle" ] && from=$STAGE/bundle
@@ -202,7 +205,7 @@ stage_arc() {
       rm -rf "$dir"; ait train --config "$config" --run-dir "$dir" > "$R/arc-$n.log" 2>&1 &
     fi
     local pid=$!
-    while kill -0 "$pid" 2>/dev/null; do pack_newest; sleep 10; done
+    while kill -0 "$pid" 2>/dev/null; do pack_newest; sleep "${PACK_EVERY_S:-10}"; done
     pack_newest
     wait "$pid"; local rc=$?; note "arc run $n exited rc=$rc: $(grep -v Warning "$R/arc-$n.log" | tail -1 | head -c 300)"
     [ "$rc" -eq 0 ] && break

@@ -19,7 +19,8 @@ for line in open(sys.argv[1]):
     fam = " ".join(f"{k}:q{v['job_quality_mean']:+.3f}/sd{v['job_quality_std']:.3f}/c{v['distinct_configs']}/v{v['valid_rate']:.2f}"
                    for k, v in sorted(r.get("families", {}).items()))
     mem = r.get("trainer/agent_peak_reserved_gib")
-    print(f"step {r['step']} {r['seconds']:.0f}s reward {r['reward_mean']:+.3f} valid {r['valid_rate']:.2f} "
+    print(f"step {r.get('step')} {r.get('seconds') or 0:.0f}s reward {r.get('reward_mean') or 0:+.3f} "
+          f"valid {r.get('valid_rate') or 0:.2f} "
           f"agent {mem if mem is None else round(mem, 1)} GiB {fam}")
 PY
 done
