@@ -148,3 +148,22 @@ def test_spread_counts_distinct_triples_and_the_within_group_std() -> None:
     spread = job_spread(jobs + ["x = 1"], {"g": [0.1, 0.3]})
     assert (spread["jobs"], spread["parsed"], spread["distinct_triples"]) == (5, 4, 3)
     assert spread["within_group_std"] == pytest.approx(0.1)
+
+
+def test_every_variant_job_is_named_back_by_the_surface_name_it_was_made_from():
+    """variant_name reads a job back into the surface's name: each variant's GPU job (and a two-knob
+    combination) comes back as its own name, so the arc's counts of the agent's jobs line up with
+    docs/surface.md's cells."""
+    import tomllib
+
+    from ait.policy.job_variants import VARIANTS, resolve_variant, variant_job, variant_name
+
+    for family in ("calc_chain", "dispatch", "ledger"):
+        for name in [*(n for n in VARIANTS if n != "null_steps0"), "model_qwen15+lr_3e-6", "model_qwen15+steps_30"]:
+            job = variant_job(family, resolve_variant(name))
+            cfg = tomllib.loads(job["job.toml"])
+            weights = tomllib.loads("w = " + job["env.py"].split("REWARD_WEIGHTS = ", 1)[1].split("\n", 1)[0])["w"]
+            assert variant_name(cfg["job"]["base_model"], cfg["train"], weights) == name, (family, name)
+    # null_steps0 too, and a value no variant has is named by its value
+    assert variant_name("qwen2.5-coder-0.5b", {"max_steps": 0}) == "null_steps0"
+    assert variant_name("qwen2.5-coder-0.5b", {"learning_rate": 2e-6, "temperature": 0.9}) == "lr=2e-06+temp=0.9"

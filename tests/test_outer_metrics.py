@@ -87,7 +87,7 @@ def test_a_step_without_jobs_has_empty_shares_and_null_means() -> None:
     assert "heldout_reward" not in row
     assert row["families"] == {"calc_chain": {"episodes": 2, "valid_rate": 0.0, "job_quality_mean": 0.0,
                                               "job_quality_std": 0.0, "configs": [], "distinct_configs": 0,
-                                              "shaped_share": None}}
+                                              "shaped_share": None, "variants": {}}}
 
 
 def with_lr(lr: float, model: str = "tiny", max_steps: int = 1) -> dict:
@@ -117,11 +117,15 @@ def test_per_family_figures() -> None:
     assert led["distinct_configs"] == 2
     # partial credit on (0.1), off (weight 0: one reward left), three rewards on: two of three jobs shaped
     assert led["shaped_share"] == pytest.approx(2 / 3)
+    # by the surface's names: values no variant has are named by value (the template's tiny model, 1 step, 2 generations)
+    tiny_lr5 = "model=tiny+lr_1e-5+steps=1+gens=2"
+    assert led["variants"] == {tiny_lr5: 1, f"{tiny_lr5}+no_partial_credit": 1,
+                               "model=Qwen/Qwen3-0.6B+lr_3e-6+steps=50+gens=2": 1}
     assert led["configs"] == [{"base_model": "tiny", "learning_rate": 1e-5, "max_steps": 1, "count": 2},
                               {"base_model": "Qwen/Qwen3-0.6B", "learning_rate": 3e-6, "max_steps": 50, "count": 1}]
     assert dis == {"episodes": 2, "valid_rate": 1.0, "job_quality_mean": pytest.approx(0.3), "job_quality_std": 0.0,
                    "configs": [{"base_model": "tiny", "learning_rate": 1e-5, "max_steps": 1, "count": 2}],
-                   "distinct_configs": 1, "shaped_share": None}
+                   "distinct_configs": 1, "shaped_share": None, "variants": {"model=tiny+lr_1e-5+steps=1+gens=2": 2}}
     assert row["valid_rate"] == pytest.approx(5 / 6)  # the step's own keys are unchanged
 
 

@@ -419,3 +419,13 @@ def test_seconds_by_phase_table_and_bad_phases(tmp_path) -> None:
     write(tmp_path / "bad", [json.dumps({"step": 1, "seconds_by_phase": {"train_step": "slow"}})])
     with pytest.raises(MetricsError, match="seconds_by_phase should be an object of numbers"):
         load_metrics(tmp_path / "bad" / "metrics.jsonl")
+
+
+def test_a_family_row_names_its_jobs_by_the_surface_when_it_can() -> None:
+    from ait.report.metrics import choices_label
+
+    triples = [{"base_model": "tiny", "learning_rate": 1e-05, "max_steps": 1, "count": 2}]
+    assert choices_label({"configs": triples}) == "tiny lr 1e-05 1 steps ×2"  # a run from before `variants`
+    assert choices_label({"configs": triples, "variants": {"model_qwen15+lr_3e-6": 3, "reference": 1}}) == \
+        "model_qwen15+lr_3e-6 ×3; reference ×1"
+    assert choices_label({"configs": [], "variants": {}}) == "–"

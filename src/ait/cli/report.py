@@ -53,7 +53,7 @@ TERMINAL_STEPS = 10
 
 def family_table(rows: list[dict]) -> Table:
     """The last TERMINAL_STEPS steps' families, one section per step."""
-    from ait.report.metrics import config_label
+    from ait.report.metrics import choices_label
 
     steps = sorted({r["step"] for r in rows})
     shown = set(steps[-TERMINAL_STEPS:])
@@ -70,7 +70,7 @@ def family_table(rows: list[dict]) -> Table:
         table.add_row(str(r["step"]), escape(str(r["family"])), _n(r.get("episodes")), _f(r.get("valid_rate")),
                       _f(r.get("job_quality_mean")), _f(r.get("job_quality_std")), _n(r.get("distinct_configs")),
                       _f(r.get("shaped_share")),
-                      escape("; ".join(config_label(c) for c in r.get("configs") or []) or "–"))
+                      escape(choices_label(r)))
     return table
 
 

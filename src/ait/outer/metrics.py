@@ -70,6 +70,8 @@ FAMILY_KEYS: dict[str, str] = {
     "distinct_configs": "distinct (base_model, learning_rate, max_steps) triples among those jobs",
     "shaped_share": "fraction of those jobs whose reward is shaped: more than one reward function with a "
                     "non-zero weight (e.g. partial credit beside correctness); null when none reported it",
+    "variants": "{name: count} of those jobs by the surface's names (ait.policy.job_variants.variant_name: "
+                "the knobs turned from the reference job, e.g. model_qwen15+lr_3e-6), most used first",
 }
 HELDOUT_KEYS: dict[str, str] = {
     "heldout_reward": "mean reward of the held-out (triage) episodes, policy after this step's update",
@@ -144,6 +146,16 @@ def jobs_rewards(result: EpisodeResult) -> list[list[tuple[str, float]]]:
             if (report := by_attempt.get(rec.attempt)) is not None and report.config is not None and report.rewards]
 
 
+def jobs_variants(result: EpisodeResult) -> list[str]:
+    """The surface's name (ait.policy.job_variants.variant_name) of every job the episode ran."""
+    from ait.policy.job_variants import variant_name
+
+    by_attempt = {s.attempt: s.report for s in result.submissions}
+    return [variant_name(report.config.job.base_model, report.config.train.model_dump(),
+                         [r.weight for r in report.rewards] or None)
+            for rec in result.jobs if (report := by_attempt.get(rec.attempt)) is not None and report.config is not None]
+
+
 def shaped(rewards: list[tuple[str, float]]) -> bool:
     return sum(w != 0.0 for _, w in rewards) > 1
 
@@ -176,6 +188,7 @@ def family_figures(episodes: list[Episode]) -> dict[str, dict[str, Any]]:
         triples = Counter((c.job.base_model, c.train.learning_rate, c.train.max_steps)
                           for r in results for c in jobs_configs(r))
         shaping = [shaped(rw) for r in results for rw in jobs_rewards(r)]
+        variants = Counter(v for r in results for v in jobs_variants(r))
         out[family] = {
             "episodes": len(results),
             "valid_rate": sum(r.reward.valid_attempt is not None for r in results) / len(results),
@@ -185,6 +198,7 @@ def family_figures(episodes: list[Episode]) -> dict[str, dict[str, Any]]:
                         for (m, lr, n), k in sorted(triples.items(), key=lambda t: (-t[1], t[0]))],
             "distinct_configs": len(triples),
             "shaped_share": mean([float(s) for s in shaping]),
+            "variants": dict(sorted(variants.items(), key=lambda t: (-t[1], t[0]))),
         }
     return out
 

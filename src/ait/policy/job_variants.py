@@ -244,3 +244,25 @@ def triple(job_toml: str) -> tuple[str, float, int]:
     """(base model, learning rate, max steps) of a job.toml: what a spread of jobs is counted by."""
     cfg = tomllib.loads(job_toml)
     return cfg["job"]["base_model"], float(cfg["train"]["learning_rate"]), int(cfg["train"]["max_steps"])
+
+
+def variant_name(base_model: str, train: dict[str, Any], weights: list[float] | None = None) -> str:
+    """The surface's name for a job (bench/job_surface.py's cells): the knobs it turns away from the
+    reference job, in VARIANTS' order and joined with "+" ("model_qwen15+lr_3e-6"); "reference" when it
+    turns none. A knob at a value no variant has is named by its value ("lr=2e-06"); `weights` (the
+    job's REWARD_WEIGHTS, when known) name a partial credit weighed 0. The arc's per-family rows count
+    the agent's jobs by it, so its choices read against docs/surface.md's cells."""
+    turned = []
+    if base_model != REFERENCE_MODEL:
+        named = [v.name for v in VARIANTS.values() if v.base_model == base_model]
+        turned.append(named[0] if named else f"model={base_model}")
+    for key, label in (("learning_rate", "lr"), ("max_steps", "steps"), ("num_generations", "gens"),
+                       ("temperature", "temp"), ("loss_type", "loss")):
+        value = train.get(key, REFERENCE_TRAIN[key])
+        if value == REFERENCE_TRAIN[key]:
+            continue
+        named = [v.name for v in VARIANTS.values() if v.train.get(key) == value and not v.base_model]
+        turned.append(named[0] if named else f"{label}={value:g}" if isinstance(value, float) else f"{label}={value}")
+    if weights is not None and len(weights) > 1 and weights[1] == 0.0:
+        turned.append("no_partial_credit")
+    return "+".join(turned) or "reference"

@@ -9,7 +9,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from ait.report.metrics import config_label
+from ait.report.metrics import choices_label
 from ait.report.plots import Plot
 
 STYLE = """
@@ -112,7 +112,7 @@ def family_table(rows: list[dict[str, Any]]) -> list[str]:
              "<table><tr>", *(f"<th>{escape(h)}</th>" for _, h in FAMILY_COLUMNS), "<th>jobs chose</th></tr>"]
     for row in rows:
         cells = [escape(str(row[k])) if k == "family" else escape(fmt(row.get(k), k)) for k, _ in FAMILY_COLUMNS]
-        choices = "; ".join(config_label(c) for c in row.get("configs") or []) or "–"
+        choices = choices_label(row)
         parts.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + f"<td>{escape(choices)}</td></tr>")
     parts.append("</table>")
     return parts

@@ -140,6 +140,15 @@ def family_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for row in rows for name, figures in sorted((row.get("families") or {}).items())]
 
 
+def choices_label(row: dict[str, Any]) -> str:
+    """A family row's jobs as a reader scans them: by the surface's names when the row has them
+    ("model_qwen15 ×2; reference ×1"), else by (base model, learning rate, steps) triples (older runs)."""
+    variants = row.get("variants")
+    if isinstance(variants, dict) and variants:
+        return "; ".join(f"{name} ×{count}" for name, count in variants.items())
+    return "; ".join(config_label(c) for c in row.get("configs") or []) or "–"
+
+
 def config_label(config: dict[str, Any]) -> str:
     """One job choice as a reader scans it: `Qwen/Qwen3-0.6B lr 3e-06 50 steps ×2`."""
     lr, steps = config.get("learning_rate"), config.get("max_steps", "?")
