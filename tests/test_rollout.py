@@ -84,3 +84,86 @@ def test_a_model_that_calls_the_tools_gets_full_marks(name):
         tool_results = [m["content"] for m in convs[0] if m["role"] == "tool"]
         assert len(tool_results) == len(trace) and not any(r.startswith("error:") for r in tool_results), tool_results
         assert family.score(final_response(convs[0]), example.answer) == 1.0
+
+
+def gold_oracle(tok, family, examples):
+    """Each conversation's next scripted reply from its prompt alone (which example, how many turns so far):
+    the same replies whatever order or batch the turns come in."""
+    scripts = {ex.prompt: [f"<tool_call>\n{json.dumps({'name': c.name, 'arguments': c.arguments})}\n</tool_call><|im_end|>"
+                           for c in family.gold_trace(ex)] + [f"Done.\nAnswer: {ex.answer}<|im_end|>"]
+               for ex in examples}
+
+    def reply(prompt_ids, max_new_tokens):
+        text = tok.decode(prompt_ids)
+        [script] = [s for p, s in scripts.items() if p in text]
+        turn = text.count("<|im_start|>assistant") - 1  # the generation prompt opens one more
+        return tok(script[min(turn, len(script) - 1)], add_special_tokens=False)["input_ids"][:max_new_tokens]
+    return reply
+
+
+class OracleDecoder:
+    """The decoding engine's continuous API (submit, step, Decoder.run's loop) answering from an oracle;
+    one request finishes a step, the newest first, so turns interleave unlike any lock-step order."""
+
+    def __init__(self, oracle):
+        self.oracle, self.waiting, self.order = oracle, [], []
+
+    check_every, generator = 1, None
+
+    @property
+    def busy(self):
+        return bool(self.waiting)
+
+    def submit(self, requests):
+        self.waiting += list(requests)
+
+    def step(self):
+        r = self.waiting.pop()
+        r.ids = self.oracle(r.prompt, r.max_new_tokens)
+        self.order.append(r.tag[0])
+        return [r]
+
+    def abort(self):
+        self.waiting = []
+
+    from ait.train.decode import Decoder
+    run = Decoder.run
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_continuous_turns_give_the_lock_step_conversations(name):
+    """Every family: conversations whose turns join the running batch as their tool results come in
+    are the conversations the lock-step loop writes, turn for turn, and score full marks."""
+    family = get_family(name)
+    difficulty = family.difficulty()
+    fmt = family.eval_format(difficulty)
+    tok = tokenizer()
+    examples = [family.example(random.Random(seed), difficulty) for seed in range(4)]
+    oracle = gold_oracle(tok, family, examples)
+    lock = run_conversations(None, tok, family, fmt, examples, batch_size=2,
+                             generate=lambda prompts, n: [oracle(p, n) for p in prompts])
+    decoder = OracleDecoder(oracle)
+    cont = run_conversations(None, tok, family, fmt, examples, decoder=decoder)
+    assert cont == lock
+    assert all(family.score(final_response(c), ex.answer) == 1.0 for c, ex in zip(cont, examples))
+    if any(family.gold_trace(ex) for ex in examples):
+        assert decoder.order != sorted(decoder.order)  # the turns really interleaved
+
+
+def test_the_real_decoder_gives_the_same_conversations_either_way():
+    """Greedy on a real (tiny) model through ait.train.decode: continuous and lock step agree."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ait.evals.rollout import GreedyGenerator
+
+    family = get_family("ledger")
+    difficulty = family.difficulty()
+    fmt = family.eval_format(difficulty).model_copy(update={"max_new_tokens": 24, "max_turns": 3})
+    tok = tokenizer()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path()).eval()
+    examples = [family.example(random.Random(seed), difficulty) for seed in range(5)]
+    cont = run_conversations(model, tok, family, fmt, examples, batch_size=3)
+    lock = run_conversations(model, tok, family, fmt, examples, batch_size=3, generate=GreedyGenerator(model, tok))
+    assert cont == lock and all(c[-1]["role"] in ("assistant", "tool") for c in cont)
