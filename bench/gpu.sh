@@ -25,7 +25,8 @@
 #               [before/]MODEL:K[xN] (bench/matrix_table.py reads the run)          [inner_job_h200.sh matrix]
 #   decode      the one sampling engine against generate (bench/decode_speed.py): DECODE_MODEL  [.. decode]
 #   rollouts    training rollouts turn by turn against continuous (bench/rollout_schedule.py) on the 0.5B:
-#               ROLLOUT_FAMILIES (ledger dispatch calc_chain), 4 batches of 4 prompts x 8 each
+#               ROLLOUT_FAMILIES (ledger dispatch calc_chain), 4 batches of 4 prompts x 8 each; then the
+#               hidden eval's the same two ways (bench/eval_schedule.py, 200 examples)
 #   calibrate   untrained scores of the staged models over every family's ladder (bench/calibrate.py) [h200.sh]
 #   uplift      the standard job on the 0.5B at each calibrated rung, the families at once: UPLIFT_FAMILIES,
 #               UPLIFT_LR, UPLIFT_LR_FOR ("calc_chain=1e-6:3e-6 ..."), CAL               [h200.sh uplift]
@@ -269,6 +270,8 @@ run_stage() {
       for f in ${ROLLOUT_FAMILIES:-ledger dispatch calc_chain}; do
         timeout 400 python3 bench/rollout_schedule.py --model qwen2.5-coder-0.5b --family "$f" --batches 4 --prompts 4 \
           --gens 8 --json "$R/rollout-schedule-$f.json" > "$R/rollout-schedule-$f.log" 2>&1 || note "rollouts on $f failed"
+        timeout 300 python3 bench/eval_schedule.py --model qwen2.5-coder-0.5b --family "$f" --n 200 --repeats 2 \
+          --json "$R/eval-schedule-$f.json" > "$R/eval-schedule-$f.log" 2>&1 || note "eval schedule on $f failed"
       done ;;
     calibrate)
       need qwen2.5-coder-0.5b; need smollm2-135m

@@ -25,7 +25,7 @@ from ait.families import Example, Family
 from ait.families.base import call_bound
 
 
-class GreedyGenerator:  # the lock-step path's default, for callers that pass a decoder's generate
+class GreedyGenerator:  # a `generate` for the lock-step path (tests compare the two schedules with it)
     """Greedy batched generation through ait.train.decode (static KV cache; CUDA graphs on GPU)."""
 
     def __init__(self, model, tokenizer):
