@@ -45,7 +45,7 @@ bundle() { mkdir -p "$dir/checkpoints/step_$1"; head -c 40000 /dev/urandom > "$d
   printf '{"step": %s, "files": {"adapter.bin": {"bytes": 40000, "sha256": "%s"}}}' "$1" "$sum" \
     > "$dir/checkpoints/step_$1/bundle.json"; }
 if [ -z "$from" ]; then
-  mkdir -p "$dir/episodes/g00000-0-ledger-x"; truncate -s 8G "$dir/episodes/g00000-0-ledger-x/.job.ait-disk.img"
+  mkdir -p "$dir/episodes/g00000-0-ledger-x"; truncate -s 1G "$dir/episodes/g00000-0-ledger-x/.job.ait-disk.img"
   bundle 0; sleep 1; bundle 1; echo '{"step": 1, "seconds": 300, "reward_mean": 0.2, "valid_rate": 0.5}' > "$dir/metrics.jsonl"; sleep 1; exit 3
 fi
 bundle 2; echo '{"step": 2, "seconds": 250, "reward_mean": 0.3, "valid_rate": 0.6}' > "$dir/metrics.jsonl"; sleep 1; exit 0
