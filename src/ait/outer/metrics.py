@@ -22,6 +22,7 @@ from typing import Any
 from ait.harness.types import EpisodeResult, StopReason
 from ait.job.types import JobConfig, TrainConfig
 from ait.outer.types import StepStats, Trajectory, TrajectoryGroup
+from ait.probe.types import ProbeReport
 
 KEYS: dict[str, str] = {
     "step": "outer steps completed (1-based; a resumed run continues the count)",
@@ -139,31 +140,28 @@ def keys_set(config: JobConfig, defaults: dict[str, Any]) -> set[str]:
     return {k for k, v in values.items() if k in defaults and v != defaults[k]}
 
 
-def jobs_rewards(result: EpisodeResult) -> list[list[tuple[str, float]]]:
-    """The (reward function, weight) list of every job the episode ran, as its probe reported it."""
+def jobs_reports(result: EpisodeResult) -> list[ProbeReport]:
+    """The probe report of every job the episode ran (the submission whose probe admitted it)."""
     by_attempt = {s.attempt: s.report for s in result.submissions}
-    return [[(r.name, r.weight) for r in report.rewards] for rec in result.jobs
-            if (report := by_attempt.get(rec.attempt)) is not None and report.config is not None and report.rewards]
-
-
-def jobs_variants(result: EpisodeResult) -> list[str]:
-    """The surface's name (ait.policy.job_variants.variant_name) of every job the episode ran."""
-    from ait.policy.job_variants import variant_name
-
-    by_attempt = {s.attempt: s.report for s in result.submissions}
-    return [variant_name(report.config.job.base_model, report.config.train.model_dump(),
-                         [r.weight for r in report.rewards] or None)
-            for rec in result.jobs if (report := by_attempt.get(rec.attempt)) is not None and report.config is not None]
-
-
-def shaped(rewards: list[tuple[str, float]]) -> bool:
-    return sum(w != 0.0 for _, w in rewards) > 1
+    return [r for rec in result.jobs if (r := by_attempt.get(rec.attempt)) is not None and r.config is not None]
 
 
 def jobs_configs(result: EpisodeResult) -> list[JobConfig]:
-    """The job.toml of every job the episode ran (from the submission whose probe admitted it)."""
-    by_attempt = {s.attempt: s.report.config for s in result.submissions}
-    return [c for rec in result.jobs if (c := by_attempt.get(rec.attempt)) is not None]
+    """The job.toml of every job the episode ran."""
+    return [r.config for r in jobs_reports(result)]
+
+
+def shaped(report: ProbeReport) -> bool | None:
+    """More than one reward function weighed above 0; None when the probe reported no rewards."""
+    return sum(r.weight != 0.0 for r in report.rewards) > 1 if report.rewards else None
+
+
+def variant(report: ProbeReport) -> str:
+    """The job by the surface's name (ait.policy.job_variants.variant_name)."""
+    from ait.policy.job_variants import variant_name
+
+    return variant_name(report.config.job.base_model, report.config.train.model_dump(),
+                        [r.weight for r in report.rewards] or None)
 
 
 def mean(xs: list[float]) -> float | None:
@@ -187,8 +185,9 @@ def family_figures(episodes: list[Episode]) -> dict[str, dict[str, Any]]:
         quality = [r.reward.job_quality for r in results]
         triples = Counter((c.job.base_model, c.train.learning_rate, c.train.max_steps)
                           for r in results for c in jobs_configs(r))
-        shaping = [shaped(rw) for r in results for rw in jobs_rewards(r)]
-        variants = Counter(v for r in results for v in jobs_variants(r))
+        reports = [p for r in results for p in jobs_reports(r)]
+        shaping = [s for p in reports if (s := shaped(p)) is not None]
+        variants = Counter(variant(p) for p in reports)
         out[family] = {
             "episodes": len(results),
             "valid_rate": sum(r.reward.valid_attempt is not None for r in results) / len(results),
