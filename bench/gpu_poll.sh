@@ -17,6 +17,7 @@ import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
     fam = " ".join(f"{k}:q{v['job_quality_mean']:+.3f}/sd{v['job_quality_std']:.3f}/c{v['distinct_configs']}/v{v['valid_rate']:.2f}"
+                   + "".join(f"/{name}x{n}" for name, n in list((v.get("variants") or {}).items())[:2])
                    for k, v in sorted(r.get("families", {}).items()))
     mem = r.get("trainer/agent_peak_reserved_gib")
     print(f"step {r.get('step')} {r.get('seconds') or 0:.0f}s reward {r.get('reward_mean') or 0:+.3f} "

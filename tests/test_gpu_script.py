@@ -48,7 +48,7 @@ if [ -z "$from" ]; then
   mkdir -p "$dir/episodes/g00000-0-ledger-x"; truncate -s 1G "$dir/episodes/g00000-0-ledger-x/.job.ait-disk.img"
   bundle 0; sleep 1; bundle 1; echo '{"step": 1, "seconds": 300, "reward_mean": 0.2, "valid_rate": 0.5}' > "$dir/metrics.jsonl"; sleep 1; exit 3
 fi
-bundle 2; echo '{"step": 2, "seconds": 250, "reward_mean": 0.3, "valid_rate": 0.6}' > "$dir/metrics.jsonl"; sleep 1; exit 0
+bundle 2; echo '{"step": 2, "seconds": 250, "reward_mean": 0.3, "valid_rate": 0.6, "families": {"ledger": {"job_quality_mean": 0.1, "job_quality_std": 0.2, "distinct_configs": 3, "valid_rate": 0.75, "variants": {"model_qwen15": 5, "reference": 2, "lr_3e-6": 1}}}}' > "$dir/metrics.jsonl"; sleep 1; exit 0
 """
 
 
@@ -91,6 +91,7 @@ def test_the_arc_stage_resumes_from_its_newest_bundle_and_the_poll_brings_the_pi
                           env={**env, "OUT": str(out)}, capture_output=True, text=True)
     assert poll.returncode == 0, poll.stderr[-2000:]
     assert "step 2 250s reward +0.300 valid 0.60" in poll.stdout
+    assert "ledger:q+0.100/sd0.200/c3/v0.75/model_qwen15x5/referencex2" in poll.stdout.split()  # its two most used
     pieces = sorted(out.glob("bundle.tar.part-*"))
     with tarfile.open(fileobj=__import__("io").BytesIO(b"".join(p.read_bytes() for p in pieces))) as tar:
         assert json.load(tar.extractfile("./bundle.json"))["step"] == 2
