@@ -70,10 +70,10 @@ def keep_pieces(files_at: Path, prefix: str, dest: Path, newer_only: bool) -> di
         print(f"{prefix}: {len(pieces)} pieces that do not make a bundle (cut short?): left alone", file=sys.stderr)
         return None
     record = dest / "bundle.json"
-    if newer_only and record.is_file() and json.loads(record.read_text())["step"] > step:
-        print(f"{prefix}: step {step} is older than the kept step {json.loads(record.read_text())['step']}: "
-              "left alone", file=sys.stderr)
-        return json.loads(record.read_text())
+    kept = json.loads(record.read_text()) if newer_only and record.is_file() else None
+    if kept is not None and kept["step"] > step:
+        print(f"{prefix}: step {step} is older than the kept step {kept['step']}: left alone", file=sys.stderr)
+        return kept
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     for p in pieces:

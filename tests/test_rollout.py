@@ -155,7 +155,8 @@ def test_the_real_decoder_gives_the_same_conversations_either_way():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ait.evals.rollout import GreedyGenerator
+    from ait.chat.renderers import stop_ids
+    from ait.train.decode import Decoder
 
     family = get_family("ledger")
     difficulty = family.difficulty()
@@ -165,5 +166,7 @@ def test_the_real_decoder_gives_the_same_conversations_either_way():
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path()).eval()
     examples = [family.example(random.Random(seed), difficulty) for seed in range(5)]
     cont = run_conversations(model, tok, family, fmt, examples, batch_size=3)
-    lock = run_conversations(model, tok, family, fmt, examples, batch_size=3, generate=GreedyGenerator(model, tok))
+    decoder = Decoder(model, stop_ids=stop_ids(tok, model), pad_id=tok.pad_token_id)
+    lock = run_conversations(model, tok, family, fmt, examples, batch_size=3,
+                             generate=lambda prompts, n: [s.ids for s in decoder.generate(prompts, n, temperature=0.0)])
     assert cont == lock and all(c[-1]["role"] in ("assistant", "tool") for c in cont)

@@ -25,18 +25,6 @@ from ait.families import Example, Family
 from ait.families.base import call_bound
 
 
-class GreedyGenerator:  # a `generate` for the lock-step path (tests compare the two schedules with it)
-    """Greedy batched generation through ait.train.decode (static KV cache; CUDA graphs on GPU)."""
-
-    def __init__(self, model, tokenizer):
-        from ait.train.decode import Decoder
-
-        self.decoder = Decoder(model, stop_ids=stop_ids(tokenizer, model), pad_id=tokenizer.pad_token_id)
-
-    def __call__(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-        return [s.ids for s in self.decoder.generate(prompts, max_new_tokens, temperature=0.0)]
-
-
 def run_conversations(model, tokenizer, family: Family, fmt: EvalFormat, examples: list[Example],
                       batch_size: int = 256, generate=None, decoder=None) -> list[list[dict[str, Any]]]:
     """Roll out every example; returns each full conversation (system, user, assistant, tool...).
