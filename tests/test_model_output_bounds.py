@@ -52,7 +52,7 @@ def test_no_final_answer_breaks_or_stalls_a_scorer(name, answer):
     example = family.example(random.Random(2), family.difficulty())
     start = time.monotonic()
     assert safe_score(family, f"Answer: {answer}", example.answer) == 0.0
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 10.0  # a scorer that parses 1e999999999 runs for minutes
 
 
 def test_calc_chains_calculator_refuses_a_huge_exponent_at_once():
@@ -63,7 +63,7 @@ def test_calc_chains_calculator_refuses_a_huge_exponent_at_once():
     assert calculator("1e999999999", "+", 1).startswith("error:")
     assert calculator(1, "*", "1" + "0" * 5000).startswith("error:")
     assert normalize_number("1e999999999") is None and normalize_number("-2.5e3") == "-2500"
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 10.0  # a calculator that computes the power runs for minutes
     assert Environment().calculator("1e999", "+", 1).startswith("error:")  # inf, not an OverflowError
 
 

@@ -343,7 +343,7 @@ def test_smollm2_from_the_package_offline() -> None:
     before = gguf_mod.conversions
     start = time.monotonic()
     assert resolve_base_model("smollm2-135m").path == r.path
-    assert gguf_mod.conversions == before and time.monotonic() - start < 1.0
+    assert gguf_mod.conversions == before and time.monotonic() - start < 5.0  # a conversion takes 17-21 s
 
 
 # --- the user's alias file ------------------------------------------------------------------------
