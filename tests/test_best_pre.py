@@ -106,6 +106,69 @@ def test_a_missing_baseline_is_measured_on_first_use_then_frozen(models, tmp_pat
     assert measured == ["strong"] and again.scores == made.scores  # frozen: not measured twice
 
 
+def test_a_group_finishing_together_measures_each_missing_baseline_once(models, tmp_path, monkeypatch):
+    """Eight episodes of a group score their jobs at once: one of them measures the missing model while
+    the others wait for it and read its frozen score (eight evals at once filled an H100 on 2026-12-07)."""
+    import threading
+    import time
+
+    spec = spec_with("strong", "weak")
+    store = BaselineStore(tmp_path / "b.json")
+    running, calls, most = [], [], [0]
+
+    def slow(_spec, model, _n):
+        running.append(model.name)
+        most[0] = max(most[0], len(running))
+        time.sleep(0.3)  # long enough for every thread to arrive while it runs
+        calls.append(model.name)
+        running.remove(model.name)
+        return 0.5
+
+    monkeypatch.setattr(best_pre_mod, "measure_baseline", slow)
+    made = []
+    threads = [threading.Thread(target=lambda: made.append(best_pre(spec, N, store, own=job_on("weak", 0.1, 0.2))))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == ["strong"] and most[0] == 1
+    assert len(made) == 8 and all(m.scores == {"strong": 0.5, "weak": 0.1} and m.complete for m in made)
+
+
+def test_a_baseline_eval_that_runs_out_of_gpu_memory_is_tried_again(models, tmp_path, monkeypatch):
+    """Beside packed jobs an eval's OOM or CUDA fault is the neighbours' doing: tried again after a wait;
+    any other failure, or a third OOM, is final."""
+    from types import SimpleNamespace
+
+    from ait.evals import runner
+
+    waits = []
+    monkeypatch.setattr(best_pre_mod, "RETRY_WAITS_S", (1.0, 2.0))
+    monkeypatch.setattr(best_pre_mod.time, "sleep", waits.append)
+    model = resolve_base_model("strong")
+    failures = []
+
+    def flaky(*_a, **_k):
+        if failures:
+            raise failures.pop(0)
+        return SimpleNamespace(pre=0.25)
+
+    monkeypatch.setattr(runner, "scratch_eval", flaky)
+    failures[:] = [runner.EvalFailed("out of memory", oom=True), runner.EvalFailed("fault", gpu_fault=True)]
+    assert best_pre_mod.measure_baseline(load_spec(TASK), model, N) == 0.25 and waits == [1.0, 2.0]
+    waits.clear()
+    failures[:] = [runner.EvalFailed("out of memory", oom=True)] * 3
+    with pytest.raises(best_pre_mod.BaselineUnmeasured, match=r"try 3 of 3.*out of memory"):
+        best_pre_mod.measure_baseline(load_spec(TASK), model, N)
+    assert waits == [1.0, 2.0]
+    waits.clear()
+    failures[:] = [runner.EvalFailed("the eval exited with status 1")]
+    with pytest.raises(best_pre_mod.BaselineUnmeasured, match="failed: the eval exited"):
+        best_pre_mod.measure_baseline(load_spec(TASK), model, N)
+    assert waits == []
+
+
 def test_models_this_install_cannot_resolve_are_left_out_and_named(models, tmp_path):
     spec = spec_with("strong", "gone", "Qwen/Not-A-Real-Model")
     store = BaselineStore(tmp_path / "b.json")

@@ -110,6 +110,15 @@ class BaselineStore:
             return entry
 
     @contextmanager
+    def measuring(self):
+        """Held while a missing baseline is measured: one eval at a time per store, across threads and
+        processes (a second flock on its own file; writes take `_locked`, so readers never wait on it)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".measuring.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    @contextmanager
     def _locked(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_suffix(".lock"), "w") as lock:

@@ -19,6 +19,7 @@ infrastructure error rather than score against a best_pre that may be too low.
 from __future__ import annotations
 
 import math
+import time
 
 from pydantic import BaseModel, Field
 
@@ -77,12 +78,21 @@ def best_pre(spec: TaskSpec, n: int, store: BaselineStore, own: JobResult | None
                                     f"(n={n}): the eval changed since it was frozen; check the device and "
                                     "libraries, then `ait baselines seed --force`")
                 continue
-            measured = own_pre
-            if entry is None and measured is None and measure:
-                measured = measure_baseline(spec, model, n)
-            if entry is None and measured is not None:
-                entry = store.freeze(Baseline(family=spec.family, base_model=name, weights_sha256=model.sha256,
-                                              fingerprint=fingerprint, setup=setup, best_pre=measured, n=n))
+
+            def frozen(score: float) -> Baseline:
+                return store.freeze(Baseline(family=spec.family, base_model=name, weights_sha256=model.sha256,
+                                             fingerprint=fingerprint, setup=setup, best_pre=score, n=n))
+
+            if entry is None and own_pre is not None:
+                entry = frozen(own_pre)
+            elif entry is None and measure:
+                # One measurement at a time per store: the eight episodes of a group finish together and
+                # would each measure the same missing models beside the packed jobs (on 2026-12-07, 14 of
+                # an H100 arc's 51 episodes were lost to such evals running out of GPU memory). Whoever
+                # waited finds the score its predecessor froze.
+                with store.measuring():
+                    entry = store.get(spec.family, model.sha256, fingerprint, setup) or \
+                        frozen(measure_baseline(spec, model, n))
         except ModelResolutionError as e:
             out.excluded[name] = f"not available on this install: {e}"
             continue
@@ -110,14 +120,27 @@ class BaselineUnmeasured(RuntimeError):
     """The eval of a base model's untrained score failed."""
 
 
+RETRY_WAITS_S = (20.0, 60.0)
+"""Waits before a baseline eval's second and third try after it ran out of GPU memory or a CUDA fault
+ended it: beside packed jobs those are the neighbours' doing, and their memory comes free as they end."""
+
+
 def measure_baseline(spec: TaskSpec, model, n: int) -> float:
     from ait.evals.runner import EvalFailed, scratch_eval
     from ait.sandbox import SandboxUnavailable
 
-    try:
-        report = scratch_eval(spec, model, n=n)
-    except (EvalFailed, SandboxUnavailable) as e:
-        raise BaselineUnmeasured(f"its baseline eval failed: {str(e).splitlines()[0][:300]}") from None
+    for tries, wait_s in enumerate((*RETRY_WAITS_S, None), start=1):
+        try:
+            report = scratch_eval(spec, model, n=n)
+            break
+        except EvalFailed as e:
+            if (e.oom or e.gpu_fault) and wait_s is not None:
+                time.sleep(wait_s)
+                continue
+            after = f" (try {tries} of {len(RETRY_WAITS_S) + 1})" if e.oom or e.gpu_fault else ""
+            raise BaselineUnmeasured(f"its baseline eval failed{after}: {str(e).splitlines()[0][:300]}") from None
+        except SandboxUnavailable as e:
+            raise BaselineUnmeasured(f"its baseline eval failed: {str(e).splitlines()[0][:300]}") from None
     if report.pre is None:
         raise BaselineUnmeasured("its baseline eval reported no score")
     return report.pre
