@@ -76,9 +76,9 @@ def test_the_arc_stage_resumes_from_its_newest_bundle_and_the_poll_brings_the_pi
     assert run.returncode == 0, run.stderr[-2000:]
     assert time.monotonic() - start < 60, "the stage waited on something that never ends"
     progress = (results / "progress.log").read_text()
-    assert "jobs_per_gpu = 4, agent_gpu_gib = 40" in progress  # the 80 GB card's settings
+    assert "jobs_per_gpu = 4, agent_gpu_gib = 46" in progress  # the 80 GB card's settings
     config = (results / "outer-config.toml").read_text()
-    assert "\njobs_per_gpu = 4" in config and "\nagent_gpu_gib = 40" in config
+    assert "\njobs_per_gpu = 4" in config and "\nagent_gpu_gib = 46" in config
     calls = (tmp_path / "ait.log").read_text().splitlines()
     assert len(calls) == 2 and calls[0].startswith("train --config")
     assert f"--resume-from {results}/arc/checkpoints/step_1" in calls[1]  # the crash resumed from the newest
