@@ -40,7 +40,7 @@
 #               SURFACE_SET ("ledger.questions=net_change ..."): a rung of a family's ladder instead of its example task;
 #               FAMILIES= (set, empty): the 1.5B cells only
 #   arc         the outer-loop arc, CONFIG (configs/outer/h200_qwen15.toml), resumed from STAGE/bundle when
-#               there is one; each new checkpoint packed as RESULTS/bundle.tar.part-* for the poll calls to
+#               there is one (ARC_RESUME=1: wait for STAGE/bundle.joined first); each new checkpoint packed as RESULTS/bundle.tar.part-* for the poll calls to
 #               bring back; restarted from its newest bundle after a crash, RESTARTS times (3); jobs_per_gpu
 #               ARC_JOBS_PER_GPU (default: the config's, 4 on a card under 100 GB)               [arc_h200.sh]
 #   transfer    held-out transfer at the arc's end (bench/heldout_transfer.py): START (STAGE/step0, the warm
@@ -178,9 +178,11 @@ pack_newest() {  # the newest complete checkpoint as 15 MiB pieces (at most 5 fi
     packed_bundle=$newest; note "bundle $(basename "$newest") packed: $(ls "$R"/bundle.tar.part-* | wc -l) pieces"
   fi
 }
-# An arc that continues carries the last machine's pieces (kept in the ignored .arc/) and joins them first:
-#   mkdir -p /root/stage/bundle && cat .arc/bundle/bundle.tar.part-* | tar xf - -C /root/stage/bundle
-# (bench/arc_collect.py keeps them there after each poll).
+# An arc that continues (ARC_RESUME=1) carries the last machine's pieces (kept in the ignored .arc/ by
+# bench/arc_collect.py after each poll) in staging calls of their own, and the last of them joins them:
+#   mkdir -p /root/stage/bundle && cat /root/stage/parts/bundle.tar.part-* | tar xf - -C /root/stage/bundle \
+#     && touch /root/stage/bundle.joined
+# The stage waits for that mark, so it never starts a new arc from a half-joined bundle.
 stage_arc() {
   local config=${CONFIG:-configs/outer/h200_qwen15.toml} from="" gib
   gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
@@ -194,6 +196,10 @@ stage_arc() {
     config=$R/outer-config.toml; note "GPU memory ${gib:-?} MiB: jobs_per_gpu = ${ARC_JOBS_PER_GPU:-4}, agent_gpu_gib = ${ARC_AGENT_GIB:-46}"
   fi
   need_all ${ARC_MODELS-smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b}
+  if [ -n "${ARC_RESUME:-}" ]; then  # an arc that continues: its bundle is joined by a staging call, then marked
+    note "arc: waiting for the carried bundle ($STAGE/bundle.joined)"
+    while [ ! -f "$STAGE/bundle.joined" ]; do sleep 2; done
+  fi
   [ -d "$STAGE/bundle" ] && from=$STAGE/bundle
   for n in $(seq 1 $((${RESTARTS:-3} + 1))); do  # a crash is one more machine lost: resume from the newest bundle
     local dir=$R/arc; [ "$n" -gt 1 ] && dir=$R/arc-$n

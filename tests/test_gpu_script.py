@@ -105,3 +105,36 @@ def test_the_arc_stage_resumes_from_its_newest_bundle_and_the_poll_brings_the_pi
     subprocess.run(["bash", str(ROOT / "bench" / "gpu_poll.sh"), "0"], cwd=ROOT, timeout=60,
                    env={**env, "OUT": str(out)}, capture_output=True, text=True, check=True)
     assert not list(out.glob("step0.tar.part-*")) and list(out.glob("bundle.tar.part-*"))
+
+
+def test_an_arc_that_continues_waits_for_its_carried_bundle_to_be_joined(tmp_path):
+    """ARC_RESUME=1: the stage starts no new arc while the bundle's pieces are still coming in; once the
+    last staging call has joined them and marked it, it resumes from them."""
+    bin_dir, stage, results = (tmp_path / n for n in ("bin", "stage", "results"))
+    for d in (bin_dir, stage):
+        d.mkdir()
+    executable(bin_dir / "nvidia-smi", FAKE_NVIDIA_SMI)
+    fake_ait = executable(tmp_path / "fake-ait", FAKE_AIT)
+    for name in ("smol", "qwen", "qwen15"):
+        for suffix in (".gguf.done", ".ready"):
+            (stage / f"{name}{suffix}").touch()
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RESULTS": str(results), "STAGE": str(stage),
+           "CODE": str(tmp_path / "code"), "AIT_HOME": str(tmp_path / "home"), "AIT_CMD": str(fake_ait),
+           "FAKE_LOG": str(tmp_path / "ait.log"), "PACK_EVERY_S": "0.2", "ARC_RESUME": "1"}
+    run = subprocess.Popen(["bash", str(ROOT / "bench" / "gpu.sh"), "arc"], cwd=ROOT, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while "waiting for the carried bundle" not in ((results / "progress.log").read_text()
+                                                        if (results / "progress.log").exists() else ""):
+            assert time.monotonic() < deadline and run.poll() is None
+            time.sleep(0.2)
+        (stage / "bundle").mkdir()  # half joined: no mark yet
+        time.sleep(3)
+        assert not (tmp_path / "ait.log").exists() and run.poll() is None
+        (stage / "bundle.joined").touch()
+        assert run.wait(timeout=60) == 0
+    finally:
+        run.kill()
+    calls = (tmp_path / "ait.log").read_text().splitlines()
+    assert len(calls) == 1 and f"--resume-from {stage}/bundle" in calls[0]
