@@ -1,0 +1,171 @@
+"""The agent's sampling, replayed: how fast the outer loop's sampling engine serves an arc's agent calls
+(their prompt and reply lengths as recorded) on a GPU of its own, against what the arc recorded while the
+same GPU held its packed jobs and the agent's training step.
+
+    python bench/agent_sampling.py --extract RUN_DIR --out CALLS.json   # the calls of an `ait train` run
+    python bench/agent_sampling.py --calls CALLS.json --model qwen2.5-coder-1.5b [--episodes 16] [--json OUT]
+    python bench/agent_sampling.py --smoke                              # CPU: the tiny model, short calls
+
+Each episode is a thread that makes its calls in order through one shared SamplingEngine (continuous
+batching, CUDA graphs on a GPU), as the outer loop's episodes do. A prompt is random token ids of the
+recorded length and a reply runs to exactly its recorded length (no stop token), so the engine does the
+same prefill and decode work the arc's calls did. Between calls no time passes (`--gaps`: the recorded
+time between an episode's calls, i.e. its tools and jobs, passes as a sleep). Prints the replayed and the
+recorded per-call latency (median) and completion tokens a second over all episodes, and their ratio:
+near 1, the engine itself is the step's sampling cost; well above 1, what shares the GPU with it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+
+
+def extract(run_dir: Path) -> dict:
+    """Per episode (by start time), each agent call's start offset, latency, prompt and reply tokens."""
+    episodes = []
+    for trajectory in sorted(run_dir.glob("episodes/*/trajectory.jsonl")):
+        calls = []
+        for line in trajectory.read_text().splitlines():
+            r = json.loads(line)
+            usage = r.get("usage")
+            if r.get("kind") == "message" and r.get("role") == "assistant" and usage:
+                calls.append({"t": r["t"] - usage["latency_s"], "latency_s": usage["latency_s"],
+                              "prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"]})
+        if calls:
+            episodes.append({"episode": trajectory.parent.name, "calls": calls})
+    episodes.sort(key=lambda e: e["calls"][0]["t"])
+    t0 = episodes[0]["calls"][0]["t"] if episodes else 0.0
+    for e in episodes:
+        for c in e["calls"]:
+            c["t"] = round(c["t"] - t0, 3)
+    return {"run_dir": str(run_dir), "episodes": episodes}
+
+
+def summary(episodes: list[dict], key: str = "latency_s") -> dict:
+    """Median latency, and completion tokens a second over the span from the first call's start to the
+    last call's end."""
+    calls = [c for e in episodes for c in e["calls"]]
+    if not calls:
+        return {"calls": 0}
+    start = min(c["t"] for c in calls)
+    end = max(c["t"] + c[key] for c in calls)
+    tokens = sum(c["completion_tokens"] for c in calls)
+    return {"calls": len(calls), "median_latency_s": statistics.median(c[key] for c in calls),
+            "completion_tokens": tokens, "prompt_tokens": sum(c["prompt_tokens"] for c in calls),
+            "span_s": end - start, "tokens_per_s": tokens / max(end - start, 1e-9)}
+
+
+def replay(engine, episodes: list[dict], vocab: int, gaps: bool, seed: int = 0) -> list[dict]:
+    """Each episode's calls through `engine` from a thread of its own; returns the episodes with each call's
+    replayed start (`t`) and latency (`replayed_s`)."""
+    import torch
+
+    out = [{"episode": e["episode"], "calls": []} for e in episodes]
+    start = time.monotonic()
+
+    def run(i: int) -> None:
+        calls = episodes[i]["calls"]
+        rng = torch.Generator().manual_seed(seed + i)
+        for k, c in enumerate(calls):
+            if gaps and k:
+                time.sleep(max(0.0, c["t"] - (calls[k - 1]["t"] + calls[k - 1]["latency_s"])))
+            prompt = torch.randint(vocab, (c["prompt_tokens"],), generator=rng).tolist()
+            t = time.monotonic()
+            ids, _ = engine.sample(prompt, 1.0, c["completion_tokens"], torch.Generator(device=engine.model.device)
+                                   .manual_seed(seed + 1000 * i + k))
+            assert len(ids) == c["completion_tokens"], (len(ids), c["completion_tokens"])
+            out[i]["calls"].append({**c, "t": t - start, "replayed_s": time.monotonic() - t})
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(episodes))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return out
+
+
+def scaled(episodes: list[dict], prompt_cap: int, reply_cap: int) -> list[dict]:
+    """The same calls, lengths capped (the CPU smoke run)."""
+    return [{**e, "calls": [{**c, "prompt_tokens": min(c["prompt_tokens"], prompt_cap),
+                             "completion_tokens": max(1, min(c["completion_tokens"], reply_cap))}
+                            for c in e["calls"]]} for e in episodes]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--extract", type=Path, help="an `ait train` run directory: write its agent calls to --out")
+    p.add_argument("--out", type=Path, help="where --extract writes the calls")
+    p.add_argument("--calls", type=Path, help="the calls to replay (--extract's output)")
+    p.add_argument("--model", default="qwen2.5-coder-1.5b")
+    p.add_argument("--episodes", type=int, default=16, help="the first N episodes by start (the arc's first wave)")
+    p.add_argument("--max-batch", type=int, default=16, help="the engine's rows (policy.sample_batch_size)")
+    p.add_argument("--gaps", action="store_true", help="sleep the recorded time between an episode's calls")
+    p.add_argument("--smoke", action="store_true", help="CPU: the tiny model, 4 short episodes")
+    p.add_argument("--json", type=Path, help="also write the figures here")
+    args = p.parse_args()
+    if args.extract:
+        if not args.out:
+            p.error("--extract needs --out")
+        data = extract(args.extract)
+        args.out.write_text(json.dumps(data) + "\n")
+        print(f"{sum(len(e['calls']) for e in data['episodes'])} calls of {len(data['episodes'])} episodes -> {args.out}")
+        return
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ait.chat.renderers import prepare_tokenizer
+    from ait.train.decode_batch import SamplingEngine
+    from ait.train.models import resolve_base_model
+
+    if args.smoke:
+        model_name = "tiny"
+        episodes = [{"episode": f"e{i}", "calls": [{"t": 0.5 * k, "latency_s": 0.1, "prompt_tokens": 40 + 7 * k,
+                                                    "completion_tokens": 5 + k} for k in range(3)]} for i in range(4)]
+    elif args.calls:
+        model_name = args.model
+        episodes = json.loads(args.calls.read_text())["episodes"][:args.episodes]
+    else:
+        p.error("give --calls (or --extract, or --smoke)")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    path = resolve_base_model(model_name).path
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(path))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if device == "cuda" else torch.float32,
+                                                 use_safetensors=True).to(device).eval()
+    engine = SamplingEngine(model, tokenizer, max_batch=args.max_batch)
+    engine.stop_ids = set()  # every reply runs to its recorded length
+    vocab = model.config.vocab_size
+    # Warm-up: the graphs and the cache sizes the replay will need (the longest prompt), the allocator.
+    longest = max(c["prompt_tokens"] + c["completion_tokens"] for e in episodes for c in e["calls"])
+    replay(engine, scaled(episodes, 64, 4) + [{"episode": "longest", "calls": [
+        {"t": 0.0, "latency_s": 0.0, "prompt_tokens": longest - 2, "completion_tokens": 2}]}], vocab, gaps=False, seed=999)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    replayed = replay(engine, episodes, vocab, gaps=args.gaps)
+    engine.close()
+    ours, theirs = summary(replayed, "replayed_s"), summary(episodes)
+    ratio_latency = theirs["median_latency_s"] / max(ours["median_latency_s"], 1e-9)
+    ratio_tokens = ours["tokens_per_s"] / max(theirs["tokens_per_s"], 1e-9)
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    print(f"{model_name} on {gpu}: {len(episodes)} episodes, {ours['calls']} calls, "
+          f"{ours['prompt_tokens']} prompt and {ours['completion_tokens']} completion tokens")
+    for name, s in (("replayed alone", ours), ("recorded in the arc", theirs)):
+        print(f"  {name:20s} median latency {s['median_latency_s']:7.2f} s   {s['tokens_per_s']:8.1f} completion tokens/s"
+              f"   span {s['span_s']:7.1f} s")
+    print(f"  the arc's calls took {ratio_latency:.2f}x the replayed median latency"
+          + (f"; alone serves {ratio_tokens:.2f}x the tokens a second" if args.gaps else
+             " (tokens a second compare only with --gaps: the arc's span holds its tools and jobs too)"))
+    if args.json:
+        args.json.write_text(json.dumps({"model": model_name, "device": gpu, "episodes": len(episodes),
+                                         "gaps": args.gaps, "max_batch": args.max_batch, "replayed": ours,
+                                         "recorded": theirs, "latency_ratio": ratio_latency,
+                                         "tokens_ratio": ratio_tokens}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

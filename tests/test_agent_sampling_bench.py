@@ -1,0 +1,50 @@
+"""bench/agent_sampling.py: an arc's agent calls read back from its trajectories and replayed through the
+sampling engine with the same prompt and reply lengths."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("agent_sampling", ROOT / "bench" / "agent_sampling.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def assistant(t: float, latency: float, prompt: int, completion: int) -> dict:
+    return {"t": t, "kind": "message", "role": "assistant",
+            "usage": {"latency_s": latency, "prompt_tokens": prompt, "completion_tokens": completion}}
+
+
+def test_the_calls_come_back_per_episode_in_start_order_with_their_lengths(tmp_path):
+    for name, events in (("g00001-0-dispatch-b", [assistant(110.0, 4.0, 900, 20), assistant(130.0, 2.0, 1500, 60),
+                                                   {"t": 131.0, "kind": "message", "role": "tool"}]),
+                         ("g00000-0-ledger-a", [assistant(105.0, 3.0, 800, 10)])):
+        d = tmp_path / "episodes" / name
+        d.mkdir(parents=True)
+        (d / "trajectory.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    data = bench.extract(tmp_path)
+    assert [e["episode"] for e in data["episodes"]] == ["g00000-0-ledger-a", "g00001-0-dispatch-b"]
+    # Each call starts when its reply was asked for (its message time less its latency), from the first.
+    assert [c["t"] for c in data["episodes"][1]["calls"]] == [4.0, 26.0]
+    s = bench.summary(data["episodes"])
+    assert s["calls"] == 3 and s["median_latency_s"] == 3.0 and s["completion_tokens"] == 90
+    assert s["span_s"] == pytest.approx(28.0) and s["tokens_per_s"] == pytest.approx(90 / 28.0)
+
+
+def test_the_replay_runs_every_reply_to_its_recorded_length(tmp_path):
+    out = tmp_path / "figures.json"
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "agent_sampling.py"), "--smoke", "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    figures = json.loads(out.read_text())
+    # 4 episodes x 3 calls of 5, 6 and 7 tokens: the replay asserts each reply's length, and the totals agree.
+    assert figures["replayed"]["calls"] == 12 and figures["replayed"]["completion_tokens"] == 4 * (5 + 6 + 7)
+    assert figures["replayed"]["completion_tokens"] == figures["recorded"]["completion_tokens"]
+    assert "median latency" in run.stdout and figures["latency_ratio"] > 0
