@@ -96,6 +96,48 @@ def scaled(episodes: list[dict], prompt_cap: int, reply_cap: int) -> list[dict]:
                             for c in e["calls"]]} for e in episodes]
 
 
+def load_hog(device, stop, depth: int) -> None:
+    """Another thread's GPU work on the default stream, as the outer loop's training step enqueues it:
+    `depth` large matmuls at a time (about 1.5 ms each on an H100), then a wait on that stream alone."""
+    import torch
+
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    while not stop.is_set():
+        for _ in range(depth):
+            a @ a
+        torch.cuda.current_stream(device).synchronize()
+
+
+def run_variant(model, tokenizer, episodes: list[dict], *, max_batch: int, gaps: bool, own_stream: bool,
+                hog_depth: int) -> list[dict]:
+    """One engine (own stream or the default one), warmed up, then the replay; with hog_depth > 0, beside
+    load_hog on the default stream."""
+    import torch
+
+    from ait.train.decode_batch import SamplingEngine
+
+    engine = SamplingEngine(model, tokenizer, max_batch=max_batch, own_stream=own_stream)
+    engine.stop_ids = set()  # every reply runs to its recorded length
+    vocab = model.config.vocab_size
+    # Warm-up: the graphs and the cache sizes the replay will need (the longest prompt), the allocator.
+    longest = max(c["prompt_tokens"] + c["completion_tokens"] for e in episodes for c in e["calls"])
+    replay(engine, scaled(episodes, 64, 4) + [{"episode": "longest", "calls": [
+        {"t": 0.0, "latency_s": 0.0, "prompt_tokens": longest - 2, "completion_tokens": 2}]}], vocab, gaps=False, seed=999)
+    stop, hog = threading.Event(), None
+    if hog_depth > 0:
+        hog = threading.Thread(target=load_hog, args=(model.device, stop, hog_depth), daemon=True)
+        hog.start()
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    try:
+        return replay(engine, episodes, vocab, gaps=gaps)
+    finally:
+        stop.set()
+        if hog is not None:
+            hog.join()
+        engine.close()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--extract", type=Path, help="an `ait train` run directory: write its agent calls to --out")
@@ -105,6 +147,10 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=16, help="the first N episodes by start (the arc's first wave)")
     p.add_argument("--max-batch", type=int, default=16, help="the engine's rows (policy.sample_batch_size)")
     p.add_argument("--gaps", action="store_true", help="sleep the recorded time between an episode's calls")
+    p.add_argument("--compare-streams", action="store_true",
+                   help="GPU: also replay beside another thread's default-stream load, the engine on the default "
+                        "stream and then on its own (policy.sampler_stream)")
+    p.add_argument("--hog-depth", type=int, default=64, help="matmuls the load enqueues between its waits")
     p.add_argument("--smoke", action="store_true", help="CPU: the tiny model, 4 short episodes")
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args()
@@ -120,7 +166,6 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ait.chat.renderers import prepare_tokenizer
-    from ait.train.decode_batch import SamplingEngine
     from ait.train.models import resolve_base_model
 
     if args.smoke:
@@ -133,38 +178,41 @@ def main() -> None:
     else:
         p.error("give --calls (or --extract, or --smoke)")
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.compare_streams and device != "cuda":
+        p.error("--compare-streams needs a GPU (CUDA streams)")
     path = resolve_base_model(model_name).path
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(path))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if device == "cuda" else torch.float32,
                                                  use_safetensors=True).to(device).eval()
-    engine = SamplingEngine(model, tokenizer, max_batch=args.max_batch)
-    engine.stop_ids = set()  # every reply runs to its recorded length
-    vocab = model.config.vocab_size
-    # Warm-up: the graphs and the cache sizes the replay will need (the longest prompt), the allocator.
-    longest = max(c["prompt_tokens"] + c["completion_tokens"] for e in episodes for c in e["calls"])
-    replay(engine, scaled(episodes, 64, 4) + [{"episode": "longest", "calls": [
-        {"t": 0.0, "latency_s": 0.0, "prompt_tokens": longest - 2, "completion_tokens": 2}]}], vocab, gaps=False, seed=999)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    replayed = replay(engine, episodes, vocab, gaps=args.gaps)
-    engine.close()
-    ours, theirs = summary(replayed, "replayed_s"), summary(episodes)
-    ratio_latency = theirs["median_latency_s"] / max(ours["median_latency_s"], 1e-9)
-    ratio_tokens = ours["tokens_per_s"] / max(theirs["tokens_per_s"], 1e-9)
+    variants = [("alone", False, 0)]
+    if args.compare_streams:
+        variants += [("beside a load, shared stream", False, args.hog_depth),
+                     ("beside a load, own stream", True, args.hog_depth)]
+    recorded = summary(episodes)
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    figures = {"model": model_name, "device": gpu, "episodes": len(episodes), "gaps": args.gaps,
+               "max_batch": args.max_batch, "hog_depth": args.hog_depth, "recorded": recorded, "replayed": {}}
+    for name, own, depth in variants:
+        replayed = run_variant(model, tokenizer, episodes, max_batch=args.max_batch, gaps=args.gaps, own_stream=own,
+                               hog_depth=depth)
+        figures["replayed"][name] = summary(replayed, "replayed_s")
+    ours = figures["replayed"]["alone"]
     print(f"{model_name} on {gpu}: {len(episodes)} episodes, {ours['calls']} calls, "
           f"{ours['prompt_tokens']} prompt and {ours['completion_tokens']} completion tokens")
-    for name, s in (("replayed alone", ours), ("recorded in the arc", theirs)):
-        print(f"  {name:20s} median latency {s['median_latency_s']:7.2f} s   {s['tokens_per_s']:8.1f} completion tokens/s"
-              f"   span {s['span_s']:7.1f} s")
-    print(f"  the arc's calls took {ratio_latency:.2f}x the replayed median latency"
-          + (f"; alone serves {ratio_tokens:.2f}x the tokens a second" if args.gaps else
-             " (tokens a second compare only with --gaps: the arc's span holds its tools and jobs too)"))
+    for name, s in [("recorded in the arc", recorded), *figures["replayed"].items()]:
+        print(f"  {name:30s} median latency {s['median_latency_s']:7.2f} s   {s['tokens_per_s']:8.1f} "
+              f"completion tokens/s   span {s['span_s']:7.1f} s")
+    figures["latency_ratio"] = recorded["median_latency_s"] / max(ours["median_latency_s"], 1e-9)
+    print(f"  the arc's calls took {figures['latency_ratio']:.2f}x the median latency alone"
+          + ("" if args.gaps else " (tokens a second compare with the arc's only with --gaps: its span holds "
+             "its tools and jobs too)"))
+    if args.compare_streams:
+        shared, own = (figures["replayed"][k]["span_s"] for k in ("beside a load, shared stream",
+                                                                    "beside a load, own stream"))
+        figures["own_stream_speedup"] = shared / max(own, 1e-9)
+        print(f"  beside the load, its own stream replays {figures['own_stream_speedup']:.2f}x as fast as the shared one")
     if args.json:
-        args.json.write_text(json.dumps({"model": model_name, "device": gpu, "episodes": len(episodes),
-                                         "gaps": args.gaps, "max_batch": args.max_batch, "replayed": ours,
-                                         "recorded": theirs, "latency_ratio": ratio_latency,
-                                         "tokens_ratio": ratio_tokens}, indent=2) + "\n")
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ def test_the_replay_runs_every_reply_to_its_recorded_length(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     figures = json.loads(out.read_text())
     # 4 episodes x 3 calls of 5, 6 and 7 tokens: the replay asserts each reply's length, and the totals agree.
-    assert figures["replayed"]["calls"] == 12 and figures["replayed"]["completion_tokens"] == 4 * (5 + 6 + 7)
-    assert figures["replayed"]["completion_tokens"] == figures["recorded"]["completion_tokens"]
+    alone = figures["replayed"]["alone"]
+    assert alone["calls"] == 12 and alone["completion_tokens"] == 4 * (5 + 6 + 7)
+    assert alone["completion_tokens"] == figures["recorded"]["completion_tokens"]
     assert "median latency" in run.stdout and figures["latency_ratio"] > 0

@@ -69,6 +69,49 @@ def test_continuous_batching_under_cuda_graphs_samples_as_if_alone():
         assert req.logprobs[:same] == pytest.approx(alone.logprobs[:same], abs=5e-2)
 
 
+def test_the_engine_on_its_own_stream_samples_what_the_default_stream_does_beside_a_load():
+    """policy.sampler_stream: the same seeds give the same greedy replies on the engine's own stream as on
+    the default one, while another thread keeps the default stream busy; weights swapped in by refresh
+    (on the caller's stream) are what the next replies are sampled from."""
+    import threading
+
+    from transformers import AutoTokenizer
+
+    from ait.train.decode_batch import SamplingEngine
+
+    model = tiny(grouped_attention_name())
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path())
+    prompts = [list(range(5, 5 + n)) for n in (3, 9, 17, 30)]
+
+    def replies(engine):
+        return [engine.sample(p, 0.0, 16, torch.Generator(device="cuda").manual_seed(i))[0]
+                for i, p in enumerate(prompts)]
+
+    shared, own = SamplingEngine(model, tokenizer, own_stream=False), SamplingEngine(model, tokenizer, own_stream=True)
+    assert shared.stream is None and own.stream is not None
+    stop = threading.Event()
+
+    def load():
+        a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        while not stop.is_set():
+            for _ in range(16):
+                a @ a
+            torch.cuda.current_stream().synchronize()
+
+    hog = threading.Thread(target=load)
+    hog.start()
+    try:
+        assert replies(own) == replies(shared)
+        before = replies(own)
+        own.refresh(lambda m: [q.data.mul_(0.5) for q in m.parameters()], version=1)  # other weights
+        assert own.version == 1 and replies(own) != before
+    finally:
+        stop.set()
+        hog.join()
+        shared.close()
+        own.close()
+
+
 def test_a_fast_grpo_job_trains_on_the_gpu_with_finite_losses(tmp_path):
     import math
 

@@ -40,6 +40,9 @@ class PolicySection(Strict):
     continuous_batching: bool = True
     """Local sampler: a request joins the running batch at the next decode step and leaves when its
     reply ends (False: static batches that decode until their longest reply ends)."""
+    sampler_stream: bool = False
+    """Local sampler on a GPU: decode on a high-priority CUDA stream of its own instead of the default
+    stream it shares with the training step (bench/agent_sampling.py --compare-streams measures both)."""
 
 
 class TrainerSection(Strict):

@@ -18,6 +18,7 @@ sampled from: the model's logits at the sampling temperature, no top-k / top-p; 
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 from concurrent.futures import Future
 from typing import Any
@@ -41,8 +42,18 @@ class SamplingEngine:
     """Owns the sampling model; one worker thread generates the queued requests of all threads."""
 
     def __init__(self, model: Any, tokenizer: Any, max_batch: int = 16, version: int = 0, continuous: bool = True,
-                 cuda_graphs: bool | None = None):
+                 cuda_graphs: bool | None = None, own_stream: bool = False):
+        """`own_stream`: on a GPU, decode on a high-priority CUDA stream of the engine's own. On the default
+        stream, which every thread shares, each decode step queues behind whatever another thread of the
+        process enqueued there first (the outer loop's training step: tens of seconds of kernels)."""
         self.model, self.tokenizer, self.max_batch = model, tokenizer, max_batch
+        self.stream = None
+        device = getattr(model, "device", None)
+        if own_stream and device is not None and getattr(device, "type", "") == "cuda":
+            import torch
+
+            self.stream = torch.cuda.Stream(device=device, priority=-1)  # -1: the highest priority there is
+            self.stream.wait_stream(torch.cuda.current_stream(device))  # the weights as loaded
         self.continuous = continuous
         self.version = version
         """Optimizer steps of the weights being sampled from."""
@@ -91,7 +102,8 @@ class SamplingEngine:
             self.paused = True
             self.cond.wait_for(lambda: self.active == 0)
             try:
-                update(self.model)
+                with self._after_sampling():
+                    update(self.model)
                 self.version = version
             finally:
                 self.paused = False
@@ -102,6 +114,19 @@ class SamplingEngine:
         with self.cond:
             self.closing = True
             self.cond.notify_all()
+
+    @contextlib.contextmanager
+    def _after_sampling(self):
+        """The caller's stream waits for the engine's queued work, and the engine's for what the caller
+        enqueued meanwhile (new weights copied in place)."""
+        if self.stream is None:
+            yield
+            return
+        import torch
+
+        torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
+        yield
+        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
 
     def _take(self, room: int) -> list[Request] | None:
         """Wait for work; return up to `room` queued requests to start ([] while paused or full),
@@ -122,6 +147,14 @@ class SamplingEngine:
             self.cond.notify_all()
 
     def _run(self) -> None:
+        if self.stream is None:
+            return self._loop()
+        import torch
+
+        with torch.cuda.stream(self.stream):
+            return self._loop()
+
+    def _loop(self) -> None:
         dec = self.decoder
         while True:
             if self.continuous:
