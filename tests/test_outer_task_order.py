@@ -120,3 +120,37 @@ def test_uniform_sampling_is_still_there(tmp_path: Path, monkeypatch) -> None:
     assert OuterConfig().task_sampling == "round_robin"
     with pytest.raises(ValueError, match="task_sampling"):
         OuterConfig.model_validate({"task_sampling": "random"})
+
+
+def test_each_group_prefetches_its_tasks_baselines_off_the_sampling_threads(tmp_path: Path, monkeypatch) -> None:
+    """prefetch_baselines: as a group starts, its task goes to the prefetch callable, on a thread of its
+    own (the agent's episodes need not wait for it); a prefetch that fails does not fail the group."""
+    import threading
+
+    from ait.outer import loop
+
+    monkeypatch.setattr(rollouts, "play", instant_play)
+    seen = []
+
+    def prefetch(spec):
+        seen.append((spec.id, threading.current_thread().name))
+        raise RuntimeError("the baseline eval ran out of memory")  # the episodes meet it themselves
+
+    s = rollouts.GroupSampler(backend=Versioned(), executor=InlineExecutor(), task_paths=TASKS, rng=random.Random(0),
+                              episode_config=EpisodeConfig(), runs_dir=tmp_path, group_size=2, groups_per_step=2,
+                              max_off_policy=0, concurrency=1, seed=0, prefetch=prefetch)
+    try:
+        s.fill(groups_still_needed=2)
+        taken, _ = s.take(2, version=0, groups_still_needed=2)
+    finally:
+        s.close()
+    assert sorted(task for task, _ in seen) == sorted(g.group.task_id for g in taken)
+    assert all(name.startswith("ait-prefetch") for _, name in seen)
+    # The run's prefetch measures on the hidden set its jobs are scored on: the episodes' eval size.
+    calls = []
+    monkeypatch.setattr("ait.evals.best_pre.best_pre", lambda spec, n, store: calls.append((spec.id, n)))
+    spec = rollouts.round_robin_task(s.cycle, 0)[0]
+    loop.baseline_prefetch(EpisodeConfig(eval_size=50))(spec)
+    loop.baseline_prefetch(EpisodeConfig())(spec)
+    assert calls == [(spec.id, 50), (spec.id, spec.hidden_eval_size)]
+    assert OuterConfig().prefetch_baselines is False

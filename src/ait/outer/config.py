@@ -130,6 +130,11 @@ class OuterConfig(Strict):
     """With jobs_per_gpu > 1 and the agent on the same GPU (local backend, device cuda): GPU memory
     the inner jobs' admission leaves to the agent's sampler and trainer (their KV cache and
     long-transcript activations are not in any job's estimate)."""
+    prefetch_baselines: bool = False
+    """When a group starts, measure its task's missing baselines (the allowed models' untrained scores on
+    this machine's hidden set) on a background thread, while the agent writes its jobs, instead of when
+    the first job is scored. A fresh machine has none (its hidden sets are its own); one at a time either
+    way (ait.evals.best_pre)."""
     budget_usd: float | None = Field(default=None, ge=0.0)
     """Stop the run once its episodes have spent this much (LLM + jobs); None = no cap."""
     policy: PolicySection = Field(default_factory=PolicySection)

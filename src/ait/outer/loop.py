@@ -51,6 +51,7 @@ from ait.runs import new_run_id, runs_root, versions
 
 if TYPE_CHECKING:
     from ait.compute.local import LocalExecutor
+    from ait.spec import TaskSpec
 
 
 class OuterRunError(ValueError):
@@ -215,7 +216,8 @@ def open_run(config: OuterConfig, run_dir: str | Path | None, resume: bool, say:
                            group_size=config.num_generations, groups_per_step=config.groups_per_step,
                            max_off_policy=config.max_steps_off_policy, concurrency=config.concurrency,
                            seed=config.seed, groups_launched=state.groups_launched,
-                           task_sampling=config.task_sampling, first_slot=state.step * config.groups_per_step)
+                           task_sampling=config.task_sampling, first_slot=state.step * config.groups_per_step,
+                           prefetch=baseline_prefetch(episodes_cfg) if config.prefetch_baselines else None)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     return Run(dir=run_dir, config=config, backend=backend, executor=executor, sampler=sampler, metrics=metrics,
                state=state, episode_config=episodes_cfg, heldout_paths=heldout_paths,
@@ -314,6 +316,16 @@ def episode_config(config: OuterConfig, run_dir: Path, carried_usd: float = 0.0)
         # (a 64 GB disk); the loop reads only each job's scores.
         update["keep_checkpoints"] = False
     return config.episode.model_copy(update=update)
+
+
+def baseline_prefetch(episode: EpisodeConfig) -> Callable[[TaskSpec], Any]:
+    """The sampler's prefetch: a task's missing baselines measured on the hidden set its episodes' jobs are
+    scored on (the eval size they run with), into the store the episodes read."""
+    from ait.evals.baselines import BaselineStore
+    from ait.evals.best_pre import best_pre
+
+    store = BaselineStore()
+    return lambda spec: best_pre(spec, episode.eval_size or spec.hidden_eval_size, store)
 
 
 def job_executor(config: OuterConfig, say: Callable[[str], None] = lambda _m: None) -> tuple[Executor, OuterConfig]:

@@ -32,6 +32,7 @@ import queue
 import random
 import secrets
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
@@ -88,8 +89,11 @@ class GroupSampler:
     def __init__(self, *, backend: TrainerBackend, executor: Executor, task_paths: list[Path], rng: random.Random,
                  episode_config: EpisodeConfig, runs_dir: Path, group_size: int, groups_per_step: int,
                  max_off_policy: int, concurrency: int, seed: int, groups_launched: int = 0,
-                 task_sampling: Literal["round_robin", "uniform"] = "round_robin", first_slot: int = 0):
-        """`executor`: the run's, which every episode's job runs on (its owner closes it, not the sampler)."""
+                 task_sampling: Literal["round_robin", "uniform"] = "round_robin", first_slot: int = 0,
+                 prefetch: Callable[[TaskSpec], Any] | None = None):
+        """`executor`: the run's, which every episode's job runs on (its owner closes it, not the sampler).
+        `prefetch(spec)`: called on a background thread of its own as each group starts (the run's baseline
+        prefetch: prefetch_baselines); what it raises is left for the episodes to meet."""
         self.backend, self.executor, self.task_paths, self.rng = backend, executor, task_paths, rng
         self.episode_config, self.runs_dir = episode_config, runs_dir
         self.group_size, self.groups_per_step, self.max_off_policy = group_size, groups_per_step, max_off_policy
@@ -106,6 +110,8 @@ class GroupSampler:
         self.stopping = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="ait-episode")
         self.ready: queue.Queue[SampledGroup | BaseException] = queue.Queue()
+        self.prefetch = prefetch
+        self.prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ait-prefetch") if prefetch else None
 
     def fill(self, groups_still_needed: int) -> None:
         """Start groups up to the off-policy bound, never more than the run still needs."""
@@ -126,6 +132,8 @@ class GroupSampler:
         else:
             slot, self.next_slot = self.next_slot, self.next_slot + 1
         spec, path = self.task(slot)
+        if self.prefetcher is not None:
+            self.prefetcher.submit(self.prefetch, spec)
         index = self.launched
         self.launched += 1
         self.outstanding += 1
@@ -185,3 +193,5 @@ class GroupSampler:
         """Cancel groups not started; episodes under way stop at their next turn."""
         self.stopping.set()
         self.pool.shutdown(wait=wait, cancel_futures=True)
+        if self.prefetcher is not None:
+            self.prefetcher.shutdown(wait=wait, cancel_futures=True)
