@@ -218,3 +218,34 @@ def test_the_estimate_covers_what_the_h200_measured_for_the_standard_job(tmp_pat
     # packed, jobs score in half-size micro-batches (ait.compute.local.PACKED_LOGIT_BUDGET): eight fit
     packed = estimate_job_gib(job, str(model), logit_budget=2**28)
     assert packed < gib and 8 * packed <= ledger.capacity["0"]
+
+
+@pytest.mark.parametrize("estimate,reserved,refused", [
+    (41.0, 46.0, True),    # a 1.5B job beside the 1.5B agent on an 80 GB card: more than is left
+    (200.0, 46.0, True),   # more than the card: not run either (there is no telling it is the job's)
+    (3.0, 46.0, False),    # fits beside the agent: it runs, and an OOM stays its own (its exit status could lie)
+    (41.0, 0.0, False),    # nothing held for another process: a lone job always starts
+])
+def test_a_job_that_cannot_fit_beside_the_agent_is_not_run(tmp_path, monkeypatch, estimate, reserved, refused):
+    """On 2026-12-07 every qwen2.5-coder-1.5b job on an H100 ran out of memory beside the 1.5B agent, alone
+    and again alone, and was scored as the agent's dead job (on an H200 the same choice trains); it could
+    as well have pushed the agent's training step out of memory."""
+    from ait.compute import local
+
+    monkeypatch.setattr(local, "estimate_gib", lambda job, budget=None: estimate)
+    calls = []
+
+    def job_fn(job, env):
+        calls.append(job.job_id)
+        return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.oom, error="training exited with status 3 (oom)")
+
+    ex = LocalExecutor(slot_envs(1, ["0"], jobs_per_gpu=4), job_fn=job_fn, capacity_gib={"0": 79.2},
+                       reserved_gib=reserved)
+    job = reference_job(tmp_path)
+    result = ex.run(job)
+    assert not result.ok
+    if refused:
+        assert calls == [] and result.fail_reason is FailReason.infra and not ex.started(job)
+        assert "46 GiB for the agent" in result.error and f"{estimate:.1f} GiB" in result.error
+    else:
+        assert calls == [job.job_id] and result.fail_reason is FailReason.oom

@@ -86,6 +86,8 @@ class GpuLedger:
         if reserved_gib < 0:
             raise ValueError(f"reserved GPU memory must be >= 0 GiB, got {reserved_gib}")
         self.capacity = {g: (max(0.0, c * headroom - reserved_gib) if c else None) for g, c in capacity_gib.items()}
+        self.reserved_gib = reserved_gib
+        """Held back on every GPU for a process outside the ledger (the outer loop's agent)."""
         self.used = {g: 0.0 for g in capacity_gib}
         self.running = {g: 0 for g in capacity_gib}
         self.active: dict[str, list[Reservation]] = {}

@@ -249,7 +249,8 @@ def run_admitted(ledger, job_fn: JobFn, job: Job, env: dict[str, str],
                  on_start: Callable[[], None] = lambda: None) -> JobResult:
     """Run `job` once its estimated memory fits its GPU beside the jobs running there (and, where its
     base model's packing was measured, once at most that K jobs share the GPU, itself at that row's SM
-    share); a packed job that runs out of memory or dies of a GPU fault is run again alone. `on_start`
+    share); a packed job that runs out of memory or dies of a GPU fault is run again alone. On a GPU part of
+    which is held for another process, a job whose estimate exceeds what is left is not run (infra). `on_start`
     is called once the job is admitted, just before it first runs (it may raise to keep it from running)."""
     gpu = env.get("CUDA_VISIBLE_DEVICES", "")
     if not gpu or gpu not in ledger.used:
@@ -263,6 +264,15 @@ def run_admitted(ledger, job_fn: JobFn, job: Job, env: dict[str, str],
     # With no known capacity (nvidia-smi unreadable) there is nothing to admit against: skip the estimate.
     need = estimate_gib(job, int(env.get(LOGIT_BUDGET_ENV, LOGIT_BUDGET))) if ledger.capacity.get(gpu) else 0.0
     max_jobs = measured.jobs_per_gpu if measured is not None else None
+    cap = ledger.capacity.get(gpu)
+    if ledger.reserved_gib and cap is not None and need > cap:
+        # Not even alone: it would run out of memory beside the process the GPU is shared with (the outer
+        # loop's agent), or push that one out of memory. Its neighbour's doing, not the job's: on a card
+        # with more memory, or without the agent, it runs.
+        return JobResult(job_id=job.job_id, ok=False, fail_reason=FailReason.infra, base_model=job.config.job.base_model,
+                         error=f"not run: this GPU holds {ledger.reserved_gib:g} GiB for the agent's sampler and trainer, "
+                               f"leaving {cap:.1f} GiB for jobs, and this job's estimated peak is {need:.1f} GiB "
+                               "(a card with more memory runs it)")
     with ledger.reserve(gpu, need, max_jobs=max_jobs) as held:
         on_start()
         result = job_fn(job, env)
