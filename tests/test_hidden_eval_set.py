@@ -152,6 +152,36 @@ def test_too_few_distinct_examples_is_a_clear_error(home, spec):
 # ---------------------------------------------------------------- the on-disk secret
 
 
+def test_threads_creating_the_secret_at_once_all_read_the_one_that_won(monkeypatch, tmp_path):
+    """An arc's first episodes start together on a fresh install: every thread must see one secret (a
+    temporary file named by the pid alone was shared by the threads, rewritten after it was linked into
+    place, and renamed away under the others: two secrets, two hidden sets, FileNotFoundError)."""
+    import threading
+
+    monkeypatch.setenv("AIT_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("AIT_HIDDEN_SEED", raising=False)
+    for attempt in range(5):
+        (tmp_path / "home" / "hidden_secret").unlink(missing_ok=True)
+        seen, errors = [], []
+        start = threading.Barrier(16)
+
+        def read():
+            try:
+                start.wait()
+                seen.append(hidden_secret())
+            except Exception as e:  # noqa: BLE001 - the assertion names it
+                errors.append(e)
+
+        threads = [threading.Thread(target=read) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == [] and len(seen) == 16 and len(set(seen)) == 1, (attempt, errors, set(seen))
+        assert (tmp_path / "home" / "hidden_secret").read_text().strip() == seen[0]
+        assert not list((tmp_path / "home").glob(".hidden_secret.*"))
+
+
 def test_secret_file_created_0600_and_reused(monkeypatch, tmp_path, spec):
     home = tmp_path / "nested" / "ait_home"
     monkeypatch.setenv("AIT_HOME", str(home))

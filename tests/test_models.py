@@ -169,6 +169,43 @@ def test_file_hash_is_cached_by_size_and_mtime(tmp_path: Path) -> None:
     assert file_sha256(f) == _sha256(f)
 
 
+def test_threads_hashing_at_once_all_get_their_hash(tmp_path: Path) -> None:
+    """The episodes of an arc resolve their models from threads of one process: each writer of the hash
+    cache has a temporary file of its own (one named by the pid alone was renamed away under another
+    thread, which then failed with FileNotFoundError)."""
+    import threading
+
+    files = []
+    for i in range(24):
+        files.append(tmp_path / f"w{i}.safetensors")
+        files[-1].write_bytes(bytes([i]) * 1000)
+    got, errors = {}, []
+    start = threading.Barrier(len(files))
+
+    def work(f):
+        try:
+            start.wait()
+            for _ in range(5):
+                got[f] = file_sha256(f)
+        except Exception as e:  # noqa: BLE001 - the assertion names it
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(f,)) for f in files]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and all(got[f] == _sha256(f) for f in files)
+    assert not list(models.digest_cache_path().parent.glob(".sha256-cache.json.*"))  # no temporary file left
+
+
+def test_an_unwritable_hash_cache_costs_a_re_read_not_the_hash(tmp_path: Path, monkeypatch) -> None:
+    f = tmp_path / "w.safetensors"
+    f.write_bytes(b"abc")
+    monkeypatch.setattr(models, "digest_cache_path", lambda: tmp_path / "no-such-dir" / "sha256-cache.json")
+    assert file_sha256(f) == _sha256(f)
+
+
 def test_hub_ids_go_to_the_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     d = _weights_dir(tmp_path / "snap")
     seen = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 from pathlib import Path
 
 
@@ -48,10 +49,10 @@ def hidden_secret() -> str:
         return env
     path = ait_home() / "hidden_secret"
     if not path.exists():
-        # Write to a private temp file, then link it into place: two processes racing
-        # here both end up reading the one secret that won.
-        tmp = path.with_name(f".hidden_secret.{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # Write to a private temp file (mkstemp: mode 0600, a name of its own for every writer, threads of
+        # one process included), then link it into place: writers racing here all end up reading the one
+        # secret that won, and nobody rewrites it once linked.
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".hidden_secret.")
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(16))
         try:

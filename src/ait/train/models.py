@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 import tomllib
 from importlib import metadata, util
 from pathlib import Path
@@ -322,9 +323,19 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 22), b""):
             h.update(chunk)
     cache[key] = {"stamp": stamp, "sha256": h.hexdigest()}
-    tmp = cache_path.with_name(f".{cache_path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
-    os.replace(tmp, cache_path)  # a racing writer may drop an entry: it is only recomputed
+    # A temporary file of this writer's own (threads of one process share a pid: the episodes of an arc
+    # hash their models at once), then an atomic replace; a racing writer may drop an entry, which is only
+    # recomputed, and a cache that cannot be written costs a re-read, never the hash.
+    try:
+        fd, tmp = tempfile.mkstemp(dir=cache_path.parent, prefix=f".{cache_path.name}.")
+    except OSError:
+        return h.hexdigest()
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(cache, indent=1, sort_keys=True))
+        os.replace(tmp, cache_path)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
     return h.hexdigest()
 
 
