@@ -30,7 +30,7 @@ def episodes_of(out: Path) -> dict[str, dict]:
     return {p.parent.name: json.loads(p.read_text()) for p in sorted((out / "runs").glob("*/episode.json"))}
 
 
-@pytest.mark.slow  # four full episodes (~60 s); the resume and scripted-agent tests below run `ait eval` by default
+@pytest.mark.slow  # four full episodes (~60 s); the scripted-agent test below runs `ait eval` by default
 def test_reference_eval_over_two_tasks_matches_its_run_dirs(tmp_path):
     out = tmp_path / "eval"
     proc = ait("eval", "--policy", "reference", "--tasks", "calc_chain_fast", "dispatch", "--episodes", "2",
@@ -126,6 +126,7 @@ def test_a_scripted_agent_on_loopback_every_way_an_episode_ends(tmp_path):
     assert timed["stop_reasons"] == {"timeout": 1} and timed["reward"]["mean"] == -0.1
 
 
+@pytest.mark.slow  # 37 s on 2 shared cores: in CI's `pytest -m slow` pass
 def test_a_killed_eval_resumes_without_rerunning_finished_episodes(tmp_path):
     out = tmp_path / "eval"
     proc = subprocess.Popen([sys.executable, "-m", "ait.cli", "eval", "--policy", "reference", "--tasks",

@@ -140,6 +140,7 @@ def test_output_flood_and_sleep_are_cut_off(tmp_path):
         assert [e.check.value for e in report.errors] == ["timeout"] and report.seconds < 15
 
 
+@pytest.mark.slow  # 40 s on 2 shared cores: in CI's `pytest -m slow` pass
 def test_hostile_jobs_are_contained_and_the_worker_serves_the_next_job(tmp_path, loopback_server, monkeypatch):
     port, accepted = loopback_server
     monkeypatch.setenv("OPENAI_API_KEY", "sk-parent-secret-123")
@@ -170,6 +171,7 @@ def test_hostile_jobs_are_contained_and_the_worker_serves_the_next_job(tmp_path,
     assert hidden_secret() not in blob and "sk-parent-secret-123" not in blob
 
 
+@pytest.mark.slow  # 17 s on 2 shared cores: in CI's `pytest -m slow` pass
 def test_scorer_patch_and_pickle_checkpoint_do_not_reach_the_eval(tmp_path):
     # Patching the family's scorer inside training changes nothing: the eval is another process.
     patched = make_job(tmp_path, "patch", "import ait.families.calc_chain as cc\n"

@@ -111,6 +111,7 @@ def test_ctrl_c_during_training(tmp_path):
     assert_recorded(code, stderr, run_dir, job_ran=True)
 
 
+@pytest.mark.slow  # 17 s on 2 shared cores: in CI's `pytest -m slow` pass
 def test_ctrl_c_during_the_eval(tmp_path):
     ep = Episode(tmp_path, "--eval-size", "4000")  # a long post-training eval to land in
     ep.wait_for(lambda: any((d / "job" / "train_output.json").exists() for d in ep.run_dirs()), timeout=240)

@@ -123,6 +123,7 @@ def ait_train(*args: str) -> dict:
     return json.loads(result.stdout[result.stdout.index("{"):])
 
 
+@pytest.mark.slow  # 59 s on 2 shared cores: in CI's `pytest -m slow` pass
 @pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`:UserWarning")  # lm_head's adapter: fine
 def test_two_steps_then_resume(tmp_path: Path) -> None:
     run = tmp_path / "run"

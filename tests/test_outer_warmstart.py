@@ -100,6 +100,7 @@ def test_the_reference_reads_the_familys_tool_module_before_writing_env_py(tmp_p
         assert result.strip() == workspace_module.strip()
 
 
+@pytest.mark.slow  # 19 s on 2 shared cores: in CI's `pytest -m slow` pass
 def test_a_recovery_transcript_fixes_a_slip_the_probe_really_caught(tmp_path: Path) -> None:
     """For every shipped family: the first env.py misnames one task_tools helper, the real probe rejects
     it with an error naming the helper it has, the agent fixes that line with edit_file and submits again;

@@ -51,6 +51,7 @@ def test_jobs_train_from_one_warm_zygote(tmp_path, warm_start):
     assert (Path(second.checkpoint or tmp_path / "two" / "run" / "job" / "checkpoint")).exists()
 
 
+@pytest.mark.slow  # 18 s on 2 shared cores: in CI's `pytest -m slow` pass
 def test_attacks_are_contained_under_warm_starts(tmp_path, loopback_server, monkeypatch, warm_start):  # noqa: F811
     port, accepted = loopback_server
     monkeypatch.setenv("OPENAI_API_KEY", "sk-parent-secret-123")
