@@ -196,6 +196,9 @@ def main() -> None:
         replayed = run_variant(model, tokenizer, episodes, max_batch=args.max_batch, gaps=args.gaps, own_stream=own,
                                hog_depth=depth)
         figures["replayed"][name] = summary(replayed, "replayed_s")
+        print(f"  {name}: {figures['replayed'][name]['span_s']:.1f} s", flush=True)
+        if args.json:  # after each variant: a run cut short by its time limit keeps what it measured
+            args.json.write_text(json.dumps(figures, indent=2) + "\n")
     ours = figures["replayed"]["alone"]
     print(f"{model_name} on {gpu}: {len(episodes)} episodes, {ours['calls']} calls, "
           f"{ours['prompt_tokens']} prompt and {ours['completion_tokens']} completion tokens")

@@ -44,7 +44,8 @@
 #               bring back; restarted from its newest bundle after a crash, RESTARTS times (3); jobs_per_gpu
 #               ARC_JOBS_PER_GPU (default: the config's, 4 on a card under 100 GB)               [arc_h200.sh]
 #   agent-sampling  the arc's agent calls replayed through the sampling engine on the GPU alone
-#               (bench/agent_sampling.py): CALLS (machine 2's agent-calls.json), each episode's calls back to back;
+#               (bench/agent_sampling.py): CALLS (machine 2's agent-calls.json), its first SAMPLING_EPISODES (8)
+#               episodes, each one's calls back to back;
 #               then beside a default-stream load, the engine on the shared stream and on its own
 #   transfer    held-out transfer at the arc's end (bench/heldout_transfer.py): START (STAGE/step0, the warm
 #               start's bundle) against FINAL (the newest bundle here, else STAGE/bundle) on triage, the same
@@ -306,7 +307,8 @@ run_stage() {
     agent-sampling)
       need qwen2.5-coder-1.5b
       local calls=${CALLS:-docs/measurements/arc/2026-12-07-h100-b/agent-calls.json}
-      timeout 480 python3 bench/agent_sampling.py --calls "$calls" --compare-streams --json "$R/agent-sampling.json" \
+      timeout 420 python3 bench/agent_sampling.py --calls "$calls" --episodes "${SAMPLING_EPISODES:-8}" --compare-streams \
+        --json "$R/agent-sampling.json" \
         > "$R/agent-sampling.log" 2>&1; note "agent-sampling rc=$?: $(tail -1 "$R/agent-sampling.log")" ;;
     transfer)
       need_all ${ARC_MODELS-smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b}; jobs_mps
