@@ -110,10 +110,13 @@ class SamplingEngine:
                 self.cond.notify_all()
 
     def close(self) -> None:
-        """Serve what is queued, then stop the worker."""
+        """Serve what is queued, then stop the worker, and wait for it: a worker still inside a torch op
+        when the interpreter exits aborts the process ("terminate called without an active exception")."""
         with self.cond:
             self.closing = True
             self.cond.notify_all()
+        if threading.current_thread() is not self._worker:
+            self._worker.join()
 
     @contextlib.contextmanager
     def _after_sampling(self):
