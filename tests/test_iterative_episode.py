@@ -170,6 +170,7 @@ def test_selection_never_reads_hidden_scores() -> None:
     assert scored_job([]) is None
 
 
+@pytest.mark.slow  # 13 s on 2 shared cores: in CI's `pytest -m slow` pass
 def test_dev_eval_runs_when_the_job_reports_none(tmp_path) -> None:
     """The real dev eval process scores the checkpoint on the spec's dev examples, never the hidden set."""
     def trained(job: Job) -> JobResult:

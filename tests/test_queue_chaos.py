@@ -38,6 +38,7 @@ def test_chaos_local_every_job_done_exactly_once():
     assert r["wall_s"] < 60
 
 
+@pytest.mark.slow  # 15 s on 2 shared cores: in CI's `pytest -m slow` pass
 def test_chaos_ray_every_job_done_exactly_once():
     pytest.importorskip("ray")
     # Timed kills 3-5 s after the first claim race a fast machine draining the queue; --min-kills
@@ -49,6 +50,7 @@ def test_chaos_ray_every_job_done_exactly_once():
     assert r["kills"] >= 1 and r["reclaims"] >= 1
 
 
+@pytest.mark.slow  # 14 s on 2 shared cores: in CI's `pytest -m slow` pass
 def test_chaos_ray_on_declared_gpus_with_ray_worker_processes_killed():
     pytest.importorskip("ray")
     # Four GPUs declared to the private Ray; every other chaos event SIGKILLs the Ray worker process

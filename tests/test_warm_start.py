@@ -77,6 +77,7 @@ def test_attacks_are_contained_under_warm_starts(tmp_path, loopback_server, monk
     assert hidden_secret() not in blob and "sk-parent-secret-123" not in blob
 
 
+@pytest.mark.slow  # 14 s on 2 shared cores: in CI's `pytest -m slow` pass
 def test_a_killed_job_takes_its_zygote_and_the_next_job_gets_a_fresh_one(tmp_path, warm_start):
     job = make_job(tmp_path, "slow", "import time\ntime.sleep(120)")
     results = []
