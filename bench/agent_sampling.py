@@ -22,6 +22,7 @@ import json
 import statistics
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
@@ -78,14 +79,13 @@ def replay(engine, episodes: list[dict], vocab: int, gaps: bool, seed: int = 0) 
             t = time.monotonic()
             ids, _ = engine.sample(prompt, 1.0, c["completion_tokens"], torch.Generator(device=engine.model.device)
                                    .manual_seed(seed + 1000 * i + k))
-            assert len(ids) == c["completion_tokens"], (len(ids), c["completion_tokens"])
+            if len(ids) != c["completion_tokens"]:
+                raise RuntimeError(f"episode {i}, call {k}: {len(ids)} tokens replayed, {c['completion_tokens']} recorded")
             out[i]["calls"].append({**c, "t": t - start, "replayed_s": time.monotonic() - t})
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(episodes))]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    # One thread per episode; map re-raises what any of them raised (a replay that failed is no figure).
+    with ThreadPoolExecutor(max_workers=max(1, len(episodes))) as pool:
+        list(pool.map(run, range(len(episodes))))
     return out
 
 
