@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -275,7 +276,12 @@ def run(args: argparse.Namespace) -> ChaosReport:
 
             ray.shutdown()
     time.sleep(1.2)  # orphaned runs of killed workers finish their runs file (jobs last <= 1 s)
-    return check(queue, jobs, kills, freezes, args, wall, slot_kills)
+    report = check(queue, jobs, kills, freezes, args, wall, slot_kills)
+    if getattr(args, "keep", False):
+        print(f"kept {root}", file=sys.stderr)
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    return report
 
 
 def main() -> None:
@@ -303,6 +309,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--json", action="store_true", help="Print the report as JSON.")
+    p.add_argument("--keep", action="store_true", help="Keep the run's folder (queue, job runs) and print where it is.")
     p.add_argument("--queue", help=argparse.SUPPRESS)
     p.add_argument("--ray-address", help=argparse.SUPPRESS)
     args = p.parse_args()

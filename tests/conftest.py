@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 import pytest
 
 # Set before any test module imports ait, so nothing ever touches the user's ~/.ait.
 _HOME = tempfile.mkdtemp(prefix="ait-test-home-")
+_HOME_OWNER = os.getpid()
 os.environ["AIT_HOME"] = _HOME
 os.environ.pop("AIT_HIDDEN_SEED", None)
 os.environ.pop("AIT_BASELINES", None)
@@ -22,3 +24,11 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 @pytest.fixture(scope="session")
 def ait_home() -> str:
     return _HOME
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the private AIT_HOME (converted models, baselines, hidden sets; 276 runs had left theirs
+    in /tmp). Only the process that made it removes it, never a forked child, and
+    AIT_KEEP_TEST_HOME=1 keeps it for a look after a failure."""
+    if os.getpid() == _HOME_OWNER and not os.environ.get("AIT_KEEP_TEST_HOME"):
+        shutil.rmtree(_HOME, ignore_errors=True)
