@@ -188,9 +188,16 @@ def test_a_local_model_is_loaded_once_and_shared_by_concurrent_episodes(monkeypa
         real(self, model, **kwargs)
 
     monkeypatch.setattr(hf_policy.HFPolicy, "__init__", counting)
-    new = eval_cli.policy_factory(EvalPlan(policy="hf:tiny", tasks=["calc_chain_fast"], episodes=4, concurrency=4))
+    new, close = eval_cli.policy_factory(EvalPlan(policy="hf:tiny", tasks=["calc_chain_fast"], episodes=4,
+                                                   concurrency=4))
     policies = [new() for _ in range(4)]
     assert loads == ["tiny"] and len({id(p.model) for p in policies}) == 1
+    # ... and one sampling engine, made by the first policy and handed to the rest, stopped by `close`
+    engine = policies[0].engine
+    assert engine is not None and all(p.engine is engine and not p.owns_engine for p in policies)
+    close()
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.sample([1, 2], 1.0, 4, None)
 
 
 def test_paired_difference_matches_episodes_and_leaves_out_infra_errors():

@@ -166,6 +166,7 @@ def episode(task: Optional[str] = typer.Option(None, "--task", help="TaskSpec pa
         raise typer.Exit(EXIT_INTERRUPTED) from None
     finally:
         jobs.close()
+        getattr(agent, "close", lambda: None)()  # a local model's sampling engine
     if as_json:
         print(result.model_dump_json(indent=2))
     else:

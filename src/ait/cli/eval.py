@@ -119,20 +119,23 @@ def eval_command(ctx: typer.Context,
 
 
 def policy_factory(plan):
-    """A fresh policy per episode. A local model (hf:) is loaded once, here, and shared by every
-    episode's policy: loading it from several threads at once races on torch's process-wide default
-    dtype (seen on an H200: bf16 and fp32 weights mixed in one model, "mat1 and mat2 must have the
-    same dtype"), and one copy of the weights serves every episode's generate calls."""
+    """(a fresh policy per episode, what to call when the eval is over). A local model (hf:) is loaded
+    once, here, and every episode's policy shares it and its sampling engine: loading it from several
+    threads at once races on torch's process-wide default dtype (seen on an H200: bf16 and fp32 weights
+    mixed in one model, "mat1 and mat2 must have the same dtype"), one copy of the weights serves every
+    episode, and one engine decodes their replies together."""
     first = plan.make()  # an EvalPlan is the PolicySettings `ait episode` reads too
+    close = getattr(first, "close", lambda: None)
     if problem := getattr(first, "preflight", lambda: None)():  # an openai: endpoint that cannot serve
+        close()
         raise ValueError(problem)
     if plan.policy.startswith("hf:"):
         from ait.policy.hf_policy import HFPolicy
 
         name, loaded = plan.policy.split(":", 1)[1], (first.model, first.tokenizer)
-        return lambda: HFPolicy(name, loaded=loaded, temperature=first.temperature,
-                                max_new_tokens=first.max_new_tokens)
-    return plan.make
+        return (lambda: HFPolicy(name, loaded=loaded, temperature=first.temperature,
+                                 max_new_tokens=first.max_new_tokens, engine=first.engine)), close
+    return plan.make, close
 
 
 def load_plan(out: Path):
@@ -157,10 +160,12 @@ def run_plan(plan, out: Path, as_json: bool) -> None:
     from ait.sandbox import SandboxUnavailable, require_isolation
 
     specs = [load_task(t) for t in plan.tasks]
+    close_policy = lambda: None  # noqa: E731
     try:
-        new_policy = policy_factory(plan)  # fails now, not once per episode
+        new_policy, close_policy = policy_factory(plan)  # fails now, not once per episode
         require_isolation()
     except (ValueError, SandboxUnavailable) as e:
+        close_policy()
         fail(str(e))
     writable_dir(out, "--out")
     (out / "plan.json").write_text(plan.model_dump_json(indent=2))
@@ -175,6 +180,7 @@ def run_plan(plan, out: Path, as_json: bool) -> None:
     try:
         jobs = make_executor(config)  # one pool for every episode of the eval (they run at once)
     except RuntimeError as e:  # e.g. --executor ray without Ray installed
+        close_policy()
         fail(str(e))
 
     def play(spec, path, runs, run_id):
@@ -192,6 +198,7 @@ def run_plan(plan, out: Path, as_json: bool) -> None:
         raise typer.Exit(130) from None
     finally:
         jobs.close()
+        close_policy()
     report: Path | None = None
     try:
         report = write_eval_report(results, out / "report.html")

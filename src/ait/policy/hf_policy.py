@@ -7,9 +7,10 @@ template's response parser, and returns the reply with its prompt ids, sampled i
 per-token logprobs.
 
 Sampling goes through the decoding engine (ait.train.decode_batch.SamplingEngine: static KV
-cache, CUDA graphs on a GPU), one engine per loaded model: policies that share a model (the
-episodes of `ait eval`, the outer loop's EnginePolicy) have their replies decoded together,
-each from its own seeded generator, so a reply depends on the seed and the weights only.
+cache, CUDA graphs on a GPU). A policy makes its own engine unless it is handed one: policies
+that share a model (the episodes of `ait eval`, the outer loop's EnginePolicy) share its engine
+and have their replies decoded together, each from its own seeded generator, so a reply depends
+on the seed and the weights only. `close` stops an engine the policy made itself.
 `sampler="generate"` (or a model whose cache the engine cannot hold, e.g. sliding-window
 attention) samples through transformers' `generate` instead, one reply at a time.
 
@@ -38,7 +39,7 @@ class HFPolicy:
                  loaded: tuple[Any, Any] | None = None, sampler: str = "engine", engine: Any = None):
         """`loaded` = (model, tokenizer) already in memory (the outer loop's weights): nothing is read
         from disk and `model` is only the name; the tokenizer must have been through prepare_tokenizer.
-        `engine`: the SamplingEngine to sample through (default: the model's shared one);
+        `engine`: the SamplingEngine to sample through (default: one of its own, which `close` stops);
         `sampler="generate"`: transformers' generate instead."""
         if sampler not in ("engine", "generate"):
             raise ValueError(f"sampler is engine or generate, not {sampler!r}")
@@ -67,12 +68,19 @@ class HFPolicy:
         self.settings = {"model": model, "path": path, "temperature": temperature,
                          "max_new_tokens": max_new_tokens, "max_context": self.max_context, "seed": seed}
         self.turn = 0
-        if engine is None and sampler == "engine":
-            from ait.train.decode_batch import shared_engine
+        self.owns_engine = engine is None and sampler == "engine"
+        if self.owns_engine:
+            from ait.train.decode_batch import SamplingEngine
 
-            engine = shared_engine(self.model, self.tokenizer)
+            engine = SamplingEngine(self.model, self.tokenizer)
         self.engine = engine
         self.settings["sampler"] = "engine" if engine is not None else "generate"
+
+    def close(self) -> None:
+        """Stop the engine this policy made (one it was handed belongs to whoever made it). An engine
+        left running at interpreter exit may still be inside a torch op, which aborts the process."""
+        if self.owns_engine and self.engine is not None:
+            self.engine.close()
 
     def reset(self, spec: TaskSpec) -> None:
         import torch

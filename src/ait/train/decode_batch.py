@@ -6,7 +6,9 @@
                      in static batches (requests waiting together decode until the longest ends:
                      the arrangement the continuous one is measured against); `refresh` swaps in
                      new weights once the running rows end
-    shared_engine    one SamplingEngine per loaded model, for policies that share a model
+
+Policies that share a loaded model share its engine by being handed it (ait.cli.eval's policy
+factory, the outer loop's EnginePolicy), so their episodes' replies are decoded together.
 
 Each request brings its own torch.Generator: a reply depends on its seed and the weights, not
 on which other requests shared its batch (a row draws noise only while it generates, so this
@@ -187,17 +189,3 @@ class SamplingEngine:
                     r.tag.set_result((r.ids, r.logprobs))
             if done:
                 self._finished(len(done))
-
-
-_shared: dict[int, SamplingEngine] = {}
-_shared_lock = threading.Lock()
-
-
-def shared_engine(model: Any, tokenizer: Any, max_batch: int = 16) -> SamplingEngine:
-    """The one SamplingEngine of `model` (created on first use): policies that share a loaded model
-    share its engine, so their episodes' replies are decoded together."""
-    with _shared_lock:
-        engine = _shared.get(id(model))
-        if engine is None or engine.model is not model or engine.closing:
-            engine = _shared[id(model)] = SamplingEngine(model, tokenizer, max_batch=max_batch)
-        return engine
