@@ -123,3 +123,25 @@ def test_a_fast_grpo_job_trains_on_the_gpu_with_finite_losses(tmp_path):
     assert out.steps == job.config.train.max_steps and out.metrics["train/skipped_nonfinite_steps"] == 0.0
     assert math.isfinite(out.metrics["train/loss"]) and out.metrics["train/graphs_captured"] >= 1
     assert out.metrics["train/peak_gpu_memory_gb"] > 0
+
+
+def test_a_capped_agent_frees_its_cache_before_it_runs_out_and_stops_at_its_cap():
+    """ait.compute.gpu_memory.cap_process_memory: at the cap, cached blocks are given back and the allocation
+    retried (fragmentation costs a flush, not a neighbour's memory); past the cap, the process itself fails."""
+    from ait.compute.gpu_memory import cap_process_memory
+
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_reserved(0) / 2**30  # what earlier tests of this process still hold
+    try:
+        assert cap_process_memory("cuda:0", base + 4.0) is not None
+        block = torch.empty(3 * 2**30, dtype=torch.uint8, device="cuda")
+        del block  # cached by the allocator, not given back
+        assert torch.cuda.memory_reserved(0) >= 3 * 2**30
+        bigger = torch.empty(int(3.5 * 2**30), dtype=torch.uint8, device="cuda")  # 3 cached + 3.5 > 4: flush
+        assert torch.cuda.memory_reserved(0) / 2**30 <= base + 4.0
+        del bigger
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            torch.empty(5 * 2**30, dtype=torch.uint8, device="cuda")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, 0)
+        torch.cuda.empty_cache()

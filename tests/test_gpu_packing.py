@@ -249,3 +249,24 @@ def test_a_job_that_cannot_fit_beside_the_agent_is_not_run(tmp_path, monkeypatch
         assert "46 GiB for the agent" in result.error and f"{estimate:.1f} GiB" in result.error
     else:
         assert calls == [job.job_id] and result.fail_reason is FailReason.oom
+
+
+def test_the_agent_process_is_capped_at_what_the_jobs_admission_leaves_it(monkeypatch):
+    """The packed jobs' ledger holds agent_gpu_gib back for the agent; cap_process_memory holds the agent
+    to it (torch's per-process fraction on the agent's device), and caps nothing off CUDA or at 0."""
+    import torch
+
+    from ait.compute.gpu_memory import cap_process_memory
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: type("P", (), {"total_memory": 80 * 2**30 if i == 0 else 140 * 2**30})())
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, i: calls.append((round(f, 6), i)))
+    assert cap_process_memory("cuda", 46.0) == pytest.approx(46 / 80)
+    assert cap_process_memory("cuda:1", 46.0) == pytest.approx(46 / 140)
+    assert cap_process_memory("cuda:0", 200.0) == 1.0  # never past the card
+    assert calls == [(round(46 / 80, 6), 0), (round(46 / 140, 6), 1), (1.0, 0)]
+    assert cap_process_memory("cpu", 46.0) is None and cap_process_memory("cuda", 0.0) is None
+    assert len(calls) == 3

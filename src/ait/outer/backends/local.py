@@ -169,8 +169,9 @@ class LocalBackend:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        from ait.train.attention import avoid_cudnn_attention, grouped_attention_name
         from ait.chat.renderers import prepare_tokenizer
+        from ait.compute.gpu_memory import cap_process_memory
+        from ait.train.attention import avoid_cudnn_attention, grouped_attention_name
         from ait.train.models import resolve_base_model
 
         hf_logging.disable_progress_bar()
@@ -179,6 +180,7 @@ class LocalBackend:
         avoid_cudnn_attention()  # NaN query gradients under masks (see ait.train.attention)
         resolved = resolve_base_model(p.model)
         self.device = t.device or default_device()
+        self.memory_fraction = cap_process_memory(self.device, config.agent_gpu_gib)
         dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
         self.tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(resolved.path, trust_remote_code=False))
         base = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype, use_safetensors=True,
@@ -237,8 +239,17 @@ class LocalBackend:
                              extra={"skipped": 1.0, "active_tokens": 0.0, "forward_tokens": 0.0, **counts,
                                     **self.gpu_memory_peaks()})
         self.model.train()
-        loss_total, drift, drift_n = importance_sampling_backward(self.model, active, tokens,
-                                                                  self.config.policy.temperature)
+        try:
+            loss_total, drift, drift_n = importance_sampling_backward(self.model, active, tokens,
+                                                                      self.config.policy.temperature)
+        except torch.cuda.OutOfMemoryError as e:
+            if self.memory_fraction is None:
+                raise
+            self.optimizer.zero_grad(set_to_none=True)
+            raise RuntimeError(f"the agent's training step ran out of the {self.config.agent_gpu_gib:g} GiB held "
+                               "for it ([outer] agent_gpu_gib, the cap on this process): raise agent_gpu_gib (and "
+                               "lower jobs_per_gpu to match), or lower [policy] max_context or sample_batch_size"
+                               ) from e
         grad_norm = torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.config.trainer.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -262,6 +273,8 @@ class LocalBackend:
             return {}
         peaks = {"agent_peak_allocated_gib": torch.cuda.max_memory_allocated(self.device) / 2**30,
                  "agent_peak_reserved_gib": torch.cuda.max_memory_reserved(self.device) / 2**30}
+        if self.memory_fraction is not None:  # the cap (ait.compute.gpu_memory.cap_process_memory)
+            peaks["agent_cap_gib"] = float(self.config.agent_gpu_gib)
         torch.cuda.reset_peak_memory_stats(self.device)
         return peaks
 
