@@ -10,6 +10,8 @@ directory holding episode run directories. Per episode, from its trajectory.json
     probe_s      the probes' seconds (each `probe` event's own clock)
     job_s        the inner jobs' wall seconds on their executor (each `job` event's cost.wall_s)
     job_wait_s   from a probe's end to its job's end, less the job's wall time: waiting for a GPU slot
+    baseline_s   scoring's best_pre: the allowed models' untrained evals on this machine's hidden set, or
+                 the wait for another episode's (one at a time: ait.evals.best_pre); each `baseline` event
     other_s      the rest of the episode's wall time (tools, the harness, rendering)
 
 A step waits for its slowest group, and a group for its slowest episode: the table gives the mean over
@@ -24,7 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-PHASES = ("llm_s", "probe_s", "job_s", "job_wait_s", "other_s")
+PHASES = ("llm_s", "probe_s", "job_s", "job_wait_s", "baseline_s", "other_s")
 
 
 def episode_phases(trajectory: Path) -> dict | None:
@@ -44,9 +46,10 @@ def episode_phases(trajectory: Path) -> dict | None:
         if e.get("attempt") in probe_end:
             wait += max(0.0, e["t"] - probe_end[e["attempt"]] - float((e.get("cost") or {}).get("wall_s") or 0.0))
     llm = float(end.get("time/llm_s") or 0.0)
+    baseline = sum(float(e.get("seconds") or 0.0) for e in events if e.get("kind") == "baseline")
     row = {"episode": trajectory.parent.name, "wall_s": wall, "llm_s": llm, "probe_s": probe_s, "job_s": job_s,
-           "job_wait_s": wait, "stop_reason": end.get("stop_reason"), "jobs": len(jobs)}
-    row["other_s"] = max(0.0, wall - llm - probe_s - job_s - wait)
+           "job_wait_s": wait, "baseline_s": baseline, "stop_reason": end.get("stop_reason"), "jobs": len(jobs)}
+    row["other_s"] = max(0.0, wall - llm - probe_s - job_s - wait - baseline)
     return row
 
 

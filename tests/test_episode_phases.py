@@ -26,11 +26,13 @@ def test_phases_add_up_to_the_wall_time(tmp_path: Path) -> None:
         {"t": 130.0, "kind": "message", "role": "assistant"},
         {"t": 140.0, "kind": "probe", "attempt": 1, "seconds": 9.0},
         {"t": 200.0, "kind": "job", "attempt": 1, "cost": {"wall_s": 45.0}},  # 15 s waiting for a slot
+        {"t": 207.0, "kind": "baseline", "seconds": 4.5},  # best_pre: the baseline evals, or the wait for them
         {"t": 210.0, "kind": "episode_end", "stop_reason": "job_done", "time/llm_s": 35.0},
     ])
     row = phases.episode_phases(t)
     assert row["wall_s"] == 110.0 and row["job_wait_s"] == 15.0 and row["probe_s"] == 9.0 and row["job_s"] == 45.0
-    assert row["other_s"] == 110.0 - 35.0 - 9.0 - 45.0 - 15.0
+    assert row["baseline_s"] == 4.5
+    assert row["other_s"] == 110.0 - 35.0 - 9.0 - 45.0 - 15.0 - 4.5 == 1.5
     assert sum(row[k] for k in phases.PHASES) == row["wall_s"]
 
 

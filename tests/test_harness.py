@@ -591,6 +591,10 @@ def test_baseline_scores_name_the_set_the_job_is_scored_on(env, spec: TaskSpec) 
     assert served["untrained_scores"]["tiny"] == 0.2 and served["best_pre"] == 0.2
     assert served["hidden_eval"] == {"n": 20, "fingerprint": eval_fingerprint(spec, 20)}
     assert small.reward.best_pre == 0.2  # what it was shown is what it was scored against
+    # ... and the scoring's best_pre is an event of its own, with its seconds (bench/episode_phases.py's baseline_s)
+    scored = [e for e in trajectory(small) if e["kind"] == "baseline"]
+    assert len(scored) == 1 and scored[0]["best_pre"] == 0.2 and scored[0]["seconds"] >= 0.0
+    assert scored[0]["fingerprint"] == eval_fingerprint(spec, 20) and scored[0]["failed"] == []
     full = env.run(ReferencePolicy())
     served = json.loads(tool_results(full, "get_baseline_scores")[0])
     assert served["best_pre"] == 0.5 and served["hidden_eval"]["n"] == spec.hidden_eval_size

@@ -455,7 +455,11 @@ def run_episode(spec: TaskSpec, task_path: str | Path, policy: Policy, config: E
         found = diagnostics()  # e.g. tool calls written as text the whole episode: say so in the result
         run.log("policy_diagnostics", **found)
         note = found.get("note")
+    scoring_started = time.monotonic()
     baseline = None if interrupted else episode.baseline()  # no baseline eval is started after Ctrl-C
+    if baseline is not None:  # seconds spent here are the baseline evals (or the wait for another's)
+        run.log("baseline", seconds=round(time.monotonic() - scoring_started, 3), best_pre=baseline.value,
+                scores=baseline.scores, failed=sorted(baseline.failed), fingerprint=baseline.fingerprint)
     stop = episode.decide(At.scored, baseline=baseline, note=note)
     reward = compute_reward(
         parseable_submission=any(s.parseable for s in episode.submissions),
