@@ -4,6 +4,7 @@ out and named; a failed measurement is an infrastructure error, never a lower be
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -138,15 +139,28 @@ def test_a_group_finishing_together_measures_each_missing_baseline_once(models, 
 
 def test_a_baseline_eval_that_runs_out_of_gpu_memory_is_tried_again(models, tmp_path, monkeypatch):
     """Beside packed jobs an eval's OOM or CUDA fault is the neighbours' doing: tried again after a wait;
-    any other failure, or a third OOM, is final."""
+    any other failure, or a third OOM, is final. The waits are outside the store's measuring lock, so
+    other episodes' baselines are measured meanwhile."""
+    import fcntl
     from types import SimpleNamespace
 
     from ait.evals import runner
 
-    waits = []
+    spec = spec_with("strong", "weak")
+    store = BaselineStore(tmp_path / "b.json")
+    waits, lock_free = [], []
+
+    def wait(seconds):
+        waits.append(seconds)
+        with open(store.path.with_suffix(".measuring.lock"), "w") as f:  # another episode's try at the lock
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                lock_free.append(True)
+            except BlockingIOError:
+                lock_free.append(False)
+
     monkeypatch.setattr(best_pre_mod, "RETRY_WAITS_S", (1.0, 2.0))
-    monkeypatch.setattr(best_pre_mod.time, "sleep", waits.append)
-    model = resolve_base_model("strong")
+    monkeypatch.setattr(best_pre_mod.time, "sleep", wait)
     failures = []
 
     def flaky(*_a, **_k):
@@ -156,17 +170,37 @@ def test_a_baseline_eval_that_runs_out_of_gpu_memory_is_tried_again(models, tmp_
 
     monkeypatch.setattr(runner, "scratch_eval", flaky)
     failures[:] = [runner.EvalFailed("out of memory", oom=True), runner.EvalFailed("fault", gpu_fault=True)]
-    assert best_pre_mod.measure_baseline(load_spec(TASK), model, N) == 0.25 and waits == [1.0, 2.0]
-    waits.clear()
-    failures[:] = [runner.EvalFailed("out of memory", oom=True)] * 3
-    with pytest.raises(best_pre_mod.BaselineUnmeasured, match=r"try 3 of 3.*out of memory"):
-        best_pre_mod.measure_baseline(load_spec(TASK), model, N)
-    assert waits == [1.0, 2.0]
-    waits.clear()
-    failures[:] = [runner.EvalFailed("the eval exited with status 1")]
-    with pytest.raises(best_pre_mod.BaselineUnmeasured, match="failed: the eval exited"):
-        best_pre_mod.measure_baseline(load_spec(TASK), model, N)
-    assert waits == []
+    made = best_pre(spec, N, store, own=job_on("weak", 0.1, 0.2))
+    assert made.scores["strong"] == 0.25 and made.complete and waits == [1.0, 2.0] and lock_free == [True, True]
+    for outcome, expected, expected_waits in (
+            ([runner.EvalFailed("out of memory", oom=True)] * 3, r"try 3 of 3\): out of memory", [1.0, 2.0]),
+            ([runner.EvalFailed("the eval exited with status 1")], "failed: the eval exited", [])):
+        waits.clear()
+        failures[:] = outcome
+        fresh = BaselineStore(tmp_path / f"b{len(expected)}.json")
+        made = best_pre(spec, N, fresh, own=job_on("weak", 0.1, 0.2))
+        assert not made.complete and "strong" not in made.scores
+        assert re.search(expected, made.failed["strong"])
+        assert waits == expected_waits
+
+
+def test_a_baseline_another_episode_froze_during_the_wait_is_read_not_measured_again(models, tmp_path, monkeypatch):
+    """The store is re-read at every try: a score frozen by another episode while this one waited out an
+    OOM is taken as it is."""
+    from ait.evals import runner
+
+    spec = spec_with("strong", "weak")
+    store = BaselineStore(tmp_path / "b.json")
+    tries = []
+
+    def oom(*_a, **_k):
+        tries.append(1)
+        raise runner.EvalFailed("out of memory", oom=True)
+
+    monkeypatch.setattr(runner, "scratch_eval", oom)
+    monkeypatch.setattr(best_pre_mod.time, "sleep", lambda _s: freeze(store, spec, "strong", 0.4))
+    made = best_pre(spec, N, store, own=job_on("weak", 0.1, 0.2))
+    assert tries == [1] and made.scores["strong"] == 0.4 and made.complete
 
 
 def test_models_this_install_cannot_resolve_are_left_out_and_named(models, tmp_path):

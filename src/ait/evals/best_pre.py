@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
@@ -86,13 +87,8 @@ def best_pre(spec: TaskSpec, n: int, store: BaselineStore, own: JobResult | None
             if entry is None and own_pre is not None:
                 entry = frozen(own_pre)
             elif entry is None and measure:
-                # One measurement at a time per store: the eight episodes of a group finish together and
-                # would each measure the same missing models beside the packed jobs (on 2026-12-07, 14 of
-                # an H100 arc's 51 episodes were lost to such evals running out of GPU memory). Whoever
-                # waited finds the score its predecessor froze.
-                with store.measuring():
-                    entry = store.get(spec.family, model.sha256, fingerprint, setup) or \
-                        frozen(measure_baseline(spec, model, n))
+                entry = measured(spec, model, n, store,
+                                 lambda: store.get(spec.family, model.sha256, fingerprint, setup), frozen)
         except ModelResolutionError as e:
             out.excluded[name] = f"not available on this install: {e}"
             continue
@@ -125,22 +121,47 @@ RETRY_WAITS_S = (20.0, 60.0)
 ended it: beside packed jobs those are the neighbours' doing, and their memory comes free as they end."""
 
 
+class RetryableEval(RuntimeError):
+    """A baseline eval ran out of GPU memory or met a CUDA fault: beside packed jobs, the neighbours' doing."""
+
+
+def measured(spec: TaskSpec, model, n: int, store: BaselineStore, stored: Callable[[], Baseline | None],
+             freeze: Callable[[float], Baseline]) -> Baseline:
+    """A missing baseline measured and frozen. One eval at a time per store: the eight episodes of a group
+    finish together and would each measure the same missing models beside the packed jobs (on 2026-12-07,
+    14 of an H100 arc's 51 episodes were lost to such evals running out of GPU memory). Each try re-reads
+    the store under the lock (whoever waited finds the score its predecessor froze), and the waits between
+    tries are outside it: a retried eval never holds up the other baselines (an H100 arc's episodes waited
+    up to 362 s for theirs on 2026-12-07, when the waits were inside)."""
+    for tries, wait_s in enumerate((*RETRY_WAITS_S, None), start=1):
+        with store.measuring():
+            if (entry := stored()) is not None:
+                return entry
+            try:
+                return freeze(measure_baseline(spec, model, n))
+            except RetryableEval as e:
+                if wait_s is None:
+                    raise BaselineUnmeasured(f"its baseline eval failed (try {tries} of {len(RETRY_WAITS_S) + 1}): "
+                                             f"{e}") from None
+        time.sleep(wait_s)
+    raise AssertionError("unreachable")  # the last try returns or raises
+
+
 def measure_baseline(spec: TaskSpec, model, n: int) -> float:
+    """One try at a base model's untrained score on the hidden set (the sandboxed eval, base weights only).
+    RetryableEval when it ran out of GPU memory or met a CUDA fault; BaselineUnmeasured for any other failure."""
     from ait.evals.runner import EvalFailed, scratch_eval
     from ait.sandbox import SandboxUnavailable
 
-    for tries, wait_s in enumerate((*RETRY_WAITS_S, None), start=1):
-        try:
-            report = scratch_eval(spec, model, n=n)
-            break
-        except EvalFailed as e:
-            if (e.oom or e.gpu_fault) and wait_s is not None:
-                time.sleep(wait_s)
-                continue
-            after = f" (try {tries} of {len(RETRY_WAITS_S) + 1})" if e.oom or e.gpu_fault else ""
-            raise BaselineUnmeasured(f"its baseline eval failed{after}: {str(e).splitlines()[0][:300]}") from None
-        except SandboxUnavailable as e:
-            raise BaselineUnmeasured(f"its baseline eval failed: {str(e).splitlines()[0][:300]}") from None
+    try:
+        report = scratch_eval(spec, model, n=n)
+    except EvalFailed as e:
+        first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+        if e.oom or e.gpu_fault:
+            raise RetryableEval(first) from None
+        raise BaselineUnmeasured(f"its baseline eval failed: {first}") from None
+    except SandboxUnavailable as e:
+        raise BaselineUnmeasured(f"its baseline eval failed: {str(e).splitlines()[0][:300]}") from None
     if report.pre is None:
         raise BaselineUnmeasured("its baseline eval reported no score")
     return report.pre
