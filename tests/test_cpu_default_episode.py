@@ -73,6 +73,7 @@ def paired_row(stdout: str) -> re.Match:
     return found
 
 
+@pytest.mark.slow  # 18 s on 2 shared cores; the fallback's choice stays in the default suite (the two tests below)
 @needs_sandbox
 def test_without_smollm2_the_default_episode_is_the_smoke_test_said_in_one_line(tmp_path) -> None:
     proc = ait("episode", cwd=tmp_path, env=aliases(tmp_path, str(tmp_path / "no-such.gguf")), timeout=300)

@@ -89,6 +89,7 @@ def test_reference_episode_end_to_end(tmp_path, spec):
         assert not any(p in text or json.dumps(p)[1:-1] in text for p in prompts), f"a hidden prompt in {f}"
 
 
+@pytest.mark.slow  # 13 s on 2 shared cores; what is discarded stays in the default suite (the two tests below)
 def test_an_episode_that_keeps_no_checkpoint_deletes_the_weights_after_scoring(tmp_path, spec):
     result = run_episode(spec, TASK, ReferencePolicy(), EpisodeConfig(eval_size=8, keep_checkpoints=False),
                          runs_dir=tmp_path / "runs", baselines=BaselineStore(tmp_path / "baselines.json"))

@@ -102,6 +102,7 @@ def test_ctrl_c_during_the_probe(tmp_path):
     assert episode["jobs"] == []
 
 
+@pytest.mark.slow  # 11 s on 2 shared cores; Ctrl-C in the probe and in the queue stay in the default suite
 def test_ctrl_c_during_training(tmp_path):
     ep = Episode(tmp_path)
     ep.wait_for(lambda: ep.saw("training and evaluating"))
