@@ -13,13 +13,23 @@ same prefill and decode work the arc's calls did. Between calls no time passes (
 time between an episode's calls, i.e. its tools and jobs, passes as a sleep). Prints the replayed and the
 recorded per-call latency (median) and completion tokens a second over all episodes, and their ratio:
 near 1, the engine itself is the step's sampling cost; well above 1, what shares the GPU with it is.
+
+What shares it, one suspect at a time: `--beside-processes K` replays beside K other processes that keep
+the GPU busy with matmuls, each with a CUDA context of its own, as the arc's packed jobs are (under the
+jobs' MPS daemon when AIT_JOBS_MPS_PIPE_DIRECTORY is set, as ait.compute.local starts them; this process
+stays out of it, as the agent does, so the two contexts are time-sliced); `--compare-streams` replays
+beside another thread's load on this process's default stream (the agent's training step), the engine on
+the shared stream and then on its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -108,10 +118,42 @@ def load_hog(device, stop, depth: int) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
+HOG_PROCESS = """import torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+print("ready", flush=True)
+while True:
+    for _ in range(16):
+        a @ a
+    torch.cuda.synchronize()
+"""
+
+
+def hog_processes(k: int) -> list[subprocess.Popen]:
+    """K processes that keep the GPU busy (matmuls), each its own CUDA context, started and ready (their
+    context made) before this returns; under the jobs' MPS daemon when AIT_JOBS_MPS_PIPE_DIRECTORY is set."""
+    env = dict(os.environ)
+    if pipe := os.environ.get("AIT_JOBS_MPS_PIPE_DIRECTORY"):
+        env["CUDA_MPS_PIPE_DIRECTORY"] = pipe
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG_PROCESS], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True) for _ in range(k)]
+    for h in hogs:
+        if h.stdout.readline().strip() != "ready":
+            stop_processes(hogs)
+            raise RuntimeError("a GPU load process failed to start")
+    return hogs
+
+
+def stop_processes(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        proc.kill()
+    for proc in procs:
+        proc.wait()
+
+
 def run_variant(model, tokenizer, episodes: list[dict], *, max_batch: int, gaps: bool, own_stream: bool,
-                hog_depth: int) -> list[dict]:
+                hog_depth: int, processes: int = 0) -> list[dict]:
     """One engine (own stream or the default one), warmed up, then the replay; with hog_depth > 0, beside
-    load_hog on the default stream."""
+    load_hog on the default stream; with processes > 0, beside that many hog_processes."""
     import torch
 
     from ait.train.decode_batch import SamplingEngine
@@ -127,6 +169,7 @@ def run_variant(model, tokenizer, episodes: list[dict], *, max_batch: int, gaps:
     if hog_depth > 0:
         hog = threading.Thread(target=load_hog, args=(model.device, stop, hog_depth), daemon=True)
         hog.start()
+    others = hog_processes(processes) if processes > 0 else []
     if model.device.type == "cuda":
         torch.cuda.synchronize()
     try:
@@ -135,6 +178,7 @@ def run_variant(model, tokenizer, episodes: list[dict], *, max_batch: int, gaps:
         stop.set()
         if hog is not None:
             hog.join()
+        stop_processes(others)
         engine.close()
 
 
@@ -151,6 +195,8 @@ def main() -> None:
                    help="GPU: also replay beside another thread's default-stream load, the engine on the default "
                         "stream and then on its own (policy.sampler_stream)")
     p.add_argument("--hog-depth", type=int, default=64, help="matmuls the load enqueues between its waits")
+    p.add_argument("--beside-processes", type=int, default=0, metavar="K",
+                   help="GPU: also replay beside K processes that keep the GPU busy, as K packed jobs do")
     p.add_argument("--smoke", action="store_true", help="CPU: the tiny model, 4 short episodes")
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args()
@@ -180,21 +226,29 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.compare_streams and device != "cuda":
         p.error("--compare-streams needs a GPU (CUDA streams)")
+    if args.beside_processes and device != "cuda":
+        p.error("--beside-processes needs a GPU (its processes load it)")
+    if args.beside_processes < 0:
+        p.error(f"--beside-processes is a number of processes, not {args.beside_processes}")
     path = resolve_base_model(model_name).path
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(path))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if device == "cuda" else torch.float32,
                                                  use_safetensors=True).to(device).eval()
-    variants = [("alone", False, 0)]
+    variants = [("alone", False, 0, 0)]
+    mps = "under the jobs' MPS daemon" if os.environ.get("AIT_JOBS_MPS_PIPE_DIRECTORY") else "time-sliced, no MPS"
+    if args.beside_processes:
+        variants += [(f"beside {args.beside_processes} processes ({mps})", False, 0, args.beside_processes)]
     if args.compare_streams:
-        variants += [("beside a load, shared stream", False, args.hog_depth),
-                     ("beside a load, own stream", True, args.hog_depth)]
+        variants += [("beside a load, shared stream", False, args.hog_depth, 0),
+                     ("beside a load, own stream", True, args.hog_depth, 0)]
     recorded = summary(episodes)
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     figures = {"model": model_name, "device": gpu, "episodes": len(episodes), "gaps": args.gaps,
-               "max_batch": args.max_batch, "hog_depth": args.hog_depth, "recorded": recorded, "replayed": {}}
-    for name, own, depth in variants:
+               "max_batch": args.max_batch, "hog_depth": args.hog_depth, "beside_processes": args.beside_processes,
+               "recorded": recorded, "replayed": {}}
+    for name, own, depth, processes in variants:
         replayed = run_variant(model, tokenizer, episodes, max_batch=args.max_batch, gaps=args.gaps, own_stream=own,
-                               hog_depth=depth)
+                               hog_depth=depth, processes=processes)
         figures["replayed"][name] = summary(replayed, "replayed_s")
         print(f"  {name}: {figures['replayed'][name]['span_s']:.1f} s", flush=True)
         if args.json:  # after each variant: a run cut short by its time limit keeps what it measured
@@ -209,6 +263,11 @@ def main() -> None:
     print(f"  the arc's calls took {figures['latency_ratio']:.2f}x the median latency alone"
           + ("" if args.gaps else " (tokens a second compare with the arc's only with --gaps: its span holds "
              "its tools and jobs too)"))
+    beside = [k for k in figures["replayed"] if k.startswith("beside ") and "processes" in k]
+    if beside:
+        slow = figures["replayed"][beside[0]]["median_latency_s"] / max(ours["median_latency_s"], 1e-9)
+        figures["processes_slowdown"] = slow
+        print(f"  {beside[0]}: {slow:.2f}x the median latency alone")
     if args.compare_streams:
         shared, own = (figures["replayed"][k]["span_s"] for k in ("beside a load, shared stream",
                                                                     "beside a load, own stream"))

@@ -304,11 +304,11 @@ run_stage() {
       done ;;
     surface) stage_surface ;;
     arc) stage_arc ;;
-    agent-sampling)
-      need qwen2.5-coder-1.5b
+    agent-sampling)  # alone; beside 4 busy processes under the jobs' MPS daemon (the packed jobs; the agent
+      need qwen2.5-coder-1.5b; jobs_mps  # stays out of it, as in the arc); beside a default-stream load
       local calls=${CALLS:-docs/measurements/arc/2026-12-07-h100-b/agent-calls.json}
-      timeout 420 python3 bench/agent_sampling.py --calls "$calls" --episodes "${SAMPLING_EPISODES:-8}" --compare-streams \
-        --json "$R/agent-sampling.json" \
+      timeout 540 python3 bench/agent_sampling.py --calls "$calls" --episodes "${SAMPLING_EPISODES:-8}" --compare-streams \
+        --beside-processes "${SAMPLING_PROCESSES:-4}" --json "$R/agent-sampling.json" \
         > "$R/agent-sampling.log" 2>&1; note "agent-sampling rc=$?: $(tail -1 "$R/agent-sampling.log")" ;;
     transfer)
       need_all ${ARC_MODELS-smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b}; jobs_mps

@@ -49,3 +49,30 @@ def test_the_replay_runs_every_reply_to_its_recorded_length(tmp_path):
     assert alone["calls"] == 12 and alone["completion_tokens"] == 4 * (5 + 6 + 7)
     assert alone["completion_tokens"] == figures["recorded"]["completion_tokens"]
     assert "median latency" in run.stdout and figures["latency_ratio"] > 0
+
+
+def test_the_load_processes_join_the_jobs_mps_daemon_as_jobs_do_and_are_stopped(monkeypatch):
+    """--beside-processes: each load process is its own process (its own CUDA context on a GPU), ready before
+    the replay starts, under AIT_JOBS_MPS_PIPE_DIRECTORY's daemon as ait.compute.local starts packed jobs,
+    and killed after. On CPU a stand-in body reports the environment it got."""
+    monkeypatch.setattr(bench, "HOG_PROCESS", "import os, time\nprint('ready', flush=True)\n"
+                        "print(os.environ.get('CUDA_MPS_PIPE_DIRECTORY'), flush=True)\ntime.sleep(60)\n")
+    monkeypatch.setenv("AIT_JOBS_MPS_PIPE_DIRECTORY", "/tmp/ait-jobs-mps-test")
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    hogs = bench.hog_processes(2)
+    try:
+        assert len({h.pid for h in hogs}) == 2 and all(h.poll() is None for h in hogs)
+        assert [h.stdout.readline().strip() for h in hogs] == ["/tmp/ait-jobs-mps-test"] * 2
+    finally:
+        bench.stop_processes(hogs)
+    assert all(h.returncode is not None for h in hogs)
+    monkeypatch.setattr(bench, "HOG_PROCESS", "raise SystemExit(1)")
+    with pytest.raises(RuntimeError, match="failed to start"):
+        bench.hog_processes(1)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="on a GPU the processes can run")
+def test_the_load_processes_need_a_gpu():
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "agent_sampling.py"), "--smoke", "--beside-processes", "2"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--beside-processes needs a GPU" in r.stderr
