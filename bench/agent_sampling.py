@@ -131,8 +131,10 @@ while True:
 def hog_processes(k: int) -> list[subprocess.Popen]:
     """K processes that keep the GPU busy (matmuls), each its own CUDA context, started and ready (their
     context made) before this returns; under the jobs' MPS daemon when AIT_JOBS_MPS_PIPE_DIRECTORY is set."""
+    from ait.compute.local import JOBS_MPS_ENV
+
     env = dict(os.environ)
-    if pipe := os.environ.get("AIT_JOBS_MPS_PIPE_DIRECTORY"):
+    if pipe := os.environ.get(JOBS_MPS_ENV):
         env["CUDA_MPS_PIPE_DIRECTORY"] = pipe
     hogs = [subprocess.Popen([sys.executable, "-c", HOG_PROCESS], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True) for _ in range(k)]
@@ -235,7 +237,9 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if device == "cuda" else torch.float32,
                                                  use_safetensors=True).to(device).eval()
     variants = [("alone", False, 0, 0)]
-    mps = "under the jobs' MPS daemon" if os.environ.get("AIT_JOBS_MPS_PIPE_DIRECTORY") else "time-sliced, no MPS"
+    from ait.compute.local import JOBS_MPS_ENV
+
+    mps = "under the jobs' MPS daemon" if os.environ.get(JOBS_MPS_ENV) else "time-sliced, no MPS"
     if args.beside_processes:
         variants += [(f"beside {args.beside_processes} processes ({mps})", False, 0, args.beside_processes)]
     if args.compare_streams:

@@ -277,7 +277,7 @@ def run(args: argparse.Namespace) -> ChaosReport:
             ray.shutdown()
     time.sleep(1.2)  # orphaned runs of killed workers finish their runs file (jobs last <= 1 s)
     report = check(queue, jobs, kills, freezes, args, wall, slot_kills)
-    if getattr(args, "keep", False):
+    if args.keep:
         print(f"kept {root}", file=sys.stderr)
     else:
         shutil.rmtree(root, ignore_errors=True)
