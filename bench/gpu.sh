@@ -47,6 +47,8 @@
 #               (bench/agent_sampling.py): CALLS (machine 2's agent-calls.json), its first SAMPLING_EPISODES (8)
 #               episodes, each one's calls back to back;
 #               then beside a default-stream load, the engine on the shared stream and on its own
+#   agent-memory  the agent's training step on one merged 24k-token sequence (5k targets), the vocabulary
+#               projection in chunks against all at once: peak GPU memory and seconds (bench/agent_step_memory.py)
 #   transfer    held-out transfer at the arc's end (bench/heldout_transfer.py): START (STAGE/step0, the warm
 #               start's bundle) against FINAL (the newest bundle here, else STAGE/bundle) on triage, the same
 #               seeds, this machine's hidden set: TRANSFER_EPISODES (16) each, a paired difference with 2 SE
@@ -310,6 +312,10 @@ run_stage() {
       timeout 540 python3 bench/agent_sampling.py --calls "$calls" --episodes "${SAMPLING_EPISODES:-8}" --compare-streams \
         --beside-processes "${SAMPLING_PROCESSES:-4}" --json "$R/agent-sampling.json" \
         > "$R/agent-sampling.log" 2>&1; note "agent-sampling rc=$?: $(tail -1 "$R/agent-sampling.log")" ;;
+    agent-memory)
+      need qwen2.5-coder-1.5b
+      timeout 300 python3 bench/agent_step_memory.py --model qwen2.5-coder-1.5b --json "$R/agent-step-memory.json" \
+        > "$R/agent-step-memory.log" 2>&1; note "agent-memory rc=$?: $(tail -1 "$R/agent-step-memory.log")" ;;
     transfer)
       need_all ${ARC_MODELS-smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b}; jobs_mps
       local final; final=${FINAL:-$(newest_bundle)}; final=${final:-$STAGE/bundle}

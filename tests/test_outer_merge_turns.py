@@ -152,3 +152,42 @@ def test_train_step_merged_is_the_per_turn_step_with_fewer_tokens(backend: Local
     merged = sum(len(s.tokens) for tr in group.trajectories for s in merge_turns(tr.turns))
     assert before.extra["forward_tokens"] == per_turn and after.extra["forward_tokens"] == merged
     assert merged < 0.6 * per_turn  # 5 turns, 2 sequences per episode: about half
+
+
+def test_chunked_vocabulary_projection_gives_the_full_projections_logprobs_and_gradient(backend: LocalBackend) -> None:
+    """sequence_logprobs projects onto the vocabulary a chunk of positions at a time, each chunk recomputed
+    in the backward pass (the agent's memory peak on a 152k vocabulary): the logprobs and the gradient are
+    those of one projection of every position, as the model's own forward computes them."""
+    seq = merge_turns(episode(backend, 5))[0]
+    vocab = backend.model.get_output_embeddings().weight.shape[0]
+    assert len(seq.targets) > 3  # three chunks of at most 2 positions at least
+    nudge(backend)
+    backend.model.train()
+
+    def run(chunk_elements: int | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        if chunk_elements is None:  # the model's own forward: every kept position projected at once
+            ids = torch.tensor([seq.tokens])
+            keep = torch.tensor([p - 1 for p in seq.targets])
+            logits = backend.model(input_ids=ids, logits_to_keep=keep).logits[0].float() / TEMPERATURE
+            logp = torch.log_softmax(logits, dim=-1).gather(1, ids[0, keep + 1][:, None])[:, 0]
+        else:
+            logp = sequence_logprobs(backend.model, seq.tokens, seq.targets, TEMPERATURE, chunk_elements)
+        (logp * torch.linspace(-1, 1, len(logp))).sum().backward()  # every position's gradient weighs in
+        return logp.detach(), grads(backend)
+
+    full, g_full = run(None)
+    one, g_one = run(10 * vocab * len(seq.targets))
+    chunked, g_chunked = run(2 * vocab)
+    backend.model.eval()
+    assert torch.allclose(one, full, atol=1e-6) and torch.allclose(chunked, full, atol=1e-6)
+    assert any(float(g.abs().max()) > 0 for g in g_full)
+    for a, b, c in zip(g_chunked, g_one, g_full):  # float32 sums in another order: off by rounding only
+        scale = float(c.abs().max())
+        assert float((a - c).abs().max()) <= 1e-5 * scale and float((b - c).abs().max()) <= 1e-5 * scale
+
+
+def test_targets_outside_the_sequence_are_refused(backend: LocalBackend) -> None:
+    with pytest.raises(ValueError, match="targets must lie in 1..3"):
+        sequence_logprobs(backend.model, [1, 2, 3, 4], [0, 2])
+    with pytest.raises(ValueError, match="targets must lie"):
+        sequence_logprobs(backend.model, [1, 2, 3, 4], [4])

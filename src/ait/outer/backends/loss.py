@@ -21,40 +21,57 @@ if TYPE_CHECKING:
     from ait.outer.backends.sequences import Sequence
 
 
+LOGIT_CHUNK_ELEMENTS = 2**28
+"""Vocabulary-projection chunk: positions x vocab stays under this (1 GiB of float32 logits), so a
+sequence's logits are never all in memory at once. Unchunked, one 5,000-token agent turn on a
+152k-vocabulary model held bf16 logits, their float32 copy, the tempered copy and the log-softmax
+(about 12 GiB) until the backward pass: the agent's peak, which the packed inner jobs cannot use."""
+
+
 def completion_logprobs(model: Any, prompt_ids: list[int], completion_ids: list[int],
                         temperature: float = 1.0) -> Any:
     """logp_θ of each completion token given everything before it, at the sampling temperature
     (0 = greedy: temperature 1, as the sampler records it). A 1-D float32 tensor with grad."""
-    import torch
-
-    if not completion_ids:
-        return torch.zeros(0, device=model.device)
-    ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=model.device)
-    n = len(completion_ids)
-    # Only the positions that predict completion tokens: the last n + 1 logits, less the very last.
-    logits = model(input_ids=ids, logits_to_keep=n + 1).logits[0, :-1].float()
-    if temperature > 0:
-        logits = logits / temperature
-    targets = torch.tensor(completion_ids, device=logits.device)
-    return torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0]
+    start = len(prompt_ids)
+    return sequence_logprobs(model, list(prompt_ids) + list(completion_ids),
+                             list(range(start, start + len(completion_ids))), temperature)
 
 
-def sequence_logprobs(model: Any, tokens: list[int], targets: list[int], temperature: float = 1.0) -> Any:
+def sequence_logprobs(model: Any, tokens: list[int], targets: list[int], temperature: float = 1.0,
+                      chunk_elements: int = LOGIT_CHUNK_ELEMENTS) -> Any:
     """logp_θ of tokens[p] given tokens[:p] for each position p in `targets` (each > 0), at the
-    sampling temperature (0 = greedy: temperature 1). One forward pass over the whole sequence; the
-    vocabulary projection only at the positions that predict a target (observation tokens of a
-    merged sequence need none). A 1-D float32 tensor with grad."""
+    sampling temperature (0 = greedy: temperature 1). One forward pass of the model's body over the
+    whole sequence; the vocabulary projection only at the positions that predict a target
+    (observation tokens of a merged sequence need none), a chunk of positions at a time, each
+    recomputed in the backward pass instead of kept (activation checkpointing). A 1-D float32 tensor
+    with grad, equal to projecting every position at once."""
     import torch
+    from torch.utils.checkpoint import checkpoint
 
     if not targets:
         return torch.zeros(0, device=model.device)
+    if min(targets) < 1 or max(targets) >= len(tokens):
+        raise ValueError(f"targets must lie in 1..{len(tokens) - 1} (a token with context before it), "
+                         f"got {min(targets)}..{max(targets)}")
     ids = torch.tensor([list(tokens)], device=model.device)
-    keep = torch.tensor([p - 1 for p in targets], device=model.device)
-    logits = model(input_ids=ids, logits_to_keep=keep).logits[0].float()
-    if temperature > 0:
-        logits = logits / temperature
-    wanted = ids[0, keep + 1]
-    return torch.log_softmax(logits, dim=-1).gather(1, wanted[:, None])[:, 0]
+    at = torch.tensor([p - 1 for p in targets], device=model.device)  # the positions that predict them
+    wanted = ids[0, at + 1]
+    head, body = model.get_output_embeddings(), model.get_decoder()
+    hidden = body(input_ids=ids).last_hidden_state[0, at]
+    softcap = getattr(model.config, "final_logit_softcapping", None)  # Gemma 2's, applied as its forward does
+    t = temperature if temperature > 0 else 1.0
+
+    def chunk_logprobs(h: Any, want: Any) -> Any:
+        logits = head(h).float()
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        return torch.log_softmax(logits / t, dim=-1).gather(1, want[:, None])[:, 0]
+
+    size = max(1, chunk_elements // head.weight.shape[0])
+    if len(targets) <= size:
+        return chunk_logprobs(hidden, wanted)
+    return torch.cat([checkpoint(chunk_logprobs, hidden[s:s + size], wanted[s:s + size], use_reentrant=False)
+                      for s in range(0, len(targets), size)])
 
 
 def importance_sampling_backward(model: Any, batch: list[tuple[Sequence, float]], tokens: int,
