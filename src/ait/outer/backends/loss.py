@@ -21,11 +21,12 @@ if TYPE_CHECKING:
     from ait.outer.backends.sequences import Sequence
 
 
-LOGIT_CHUNK_ELEMENTS = 2**28
-"""Vocabulary-projection chunk: positions x vocab stays under this (1 GiB of float32 logits), so a
-sequence's logits are never all in memory at once. Unchunked, one 5,000-token agent turn on a
-152k-vocabulary model held bf16 logits, their float32 copy, the tempered copy and the log-softmax
-(about 12 GiB) until the backward pass: the agent's peak, which the packed inner jobs cannot use."""
+LOGIT_CHUNK_ELEMENTS = 2**26
+"""Vocabulary-projection chunk: positions x vocab stays under this (441 positions of a 152k vocabulary,
+256 MiB of float32 logits), so a sequence's logits are never all in memory at once. Unchunked, 5,000
+target positions on a 152k vocabulary held about 12 GiB at once in the backward pass (the float32
+logits, their tempered copy, the log-softmax and its gradient): the agent's peak, which the packed inner
+jobs cannot use. A chunk's peak is about 12 bytes x positions x vocab, 0.8 GiB here."""
 
 
 def completion_logprobs(model: Any, prompt_ids: list[int], completion_ids: list[int],
