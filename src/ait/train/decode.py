@@ -48,7 +48,8 @@ from ait.train.decode_sample import record, sample_rows, sampling_plan
 
 CACHE_BUCKET = 128   # cache lengths are rounded up to a multiple of this: fewer graphs to capture
 CHECK_EVERY = 8      # generate(): decode steps between reads of the sampled tokens (each read is a GPU sync)
-KEEP_GRAPHS = 3      # (rows, cache length) shapes kept alive: each holds a KV cache
+KEEP_GRAPHS = 3      # (rows, cache length) shapes kept alive: each holds a KV cache (a geometric
+                     # server keeps only its longest per row count: ait.train.decode.Decoder._release_shorter)
 PREFILL_TOKENS = 16384  # padded prompt tokens prefilled in one forward (requests beyond wait for the next)
 
 
@@ -305,6 +306,16 @@ class Decoder:
             self._plan = None
         self.start = [s + col - self.col for s in self.start]
         self.slot, self.col = new, col
+        if self.geometric:
+            self._release_shorter(new)
+
+    def _release_shorter(self, slot: Slot) -> None:
+        """A geometric (server) cache only grows at a fixed row count and an idle start reuses a longer cache
+        that fits, so a shorter cache of the same rows is never used again: free it. Kept, the outer loop's
+        agent engine held its 8k- and 16k-column caches (16 rows: 3.75 and 7.5 GiB on the 1.5B agent) beside
+        the 32k one it used, and the packed jobs could not have that memory."""
+        for key in [k for k in self.slots if k[0] == slot.rows and k[1] < slot.cache_len]:
+            del self.slots[key]
 
     def _admit(self) -> list[Request]:
         """Prefill waiting requests (as many as there are rows for) and copy their KV into free rows."""
