@@ -44,6 +44,7 @@ import torch
 from ait.train.decode_cache import (Slot, bucket_batch, cache_kwarg, capture, move_rows, prefill_inputs, regroup,
                                     shift_columns, write_prefill)
 from ait.train.decode_sample import gumbel, nucleus, sample_tokens  # noqa: F401 - re-exported: their home was here
+from ait.train.decode_prefix import PrefixStore
 from ait.train.decode_sample import record, sample_rows, sampling_plan
 
 CACHE_BUCKET = 128   # cache lengths are rounded up to a multiple of this: fewer graphs to capture
@@ -96,8 +97,11 @@ class Decoder:
 
     def __init__(self, model, *, stop_ids, pad_id: int, cuda_graphs: bool | None = None,
                  max_batch: int = 256, cache_bucket: int = CACHE_BUCKET, check_every: int = 1, min_rows: int = 1,
-                 geometric: bool = False):
+                 geometric: bool = False, prefixes: PrefixStore | None = None):
+        """`prefixes`: keep finished rows' KV there and prefill a request only past the longest stored prefix
+        of its prompt (ait.train.decode_prefix; the sampling server's, never a batch job's)."""
         self.model = model
+        self.prefixes = prefixes
         self.device = next(model.parameters()).device
         self.stop_ids = sorted(set(stop_ids))
         self.pad_id = pad_id
@@ -342,26 +346,52 @@ class Decoder:
             if rows == self.slot.rows:
                 cache_len = max(cache_len, self.slot.cache_len)
             self._relayout(rows, cache_len, col)
+        free = [i for i, r in enumerate(self.rows) if r is None][:len(new)]
         try:
-            logits, cache = self._prefill(new, width)
+            prefilled = self._prefill_into(new, free)
         except Exception as e:  # noqa: BLE001 - a bad request (e.g. an id outside the vocabulary) fails alone
             for r in new:
                 r.error = e
             return new
-        free = [i for i, r in enumerate(self.rows) if r is None][:len(new)]
         at = torch.tensor(free, device=self.device)
-        write_prefill(self.slot, cache, at, slice(self.col - width, self.col))
         mask = self.slot.mask
         mask[at] = False
         for i, r in zip(free, new):
             mask[i, 0, 0, self.col - len(r.prompt):self.col] = True
             self.rows[i], self.start[i] = r, self.col - len(r.prompt)
         self.slot.position[at, 0] = torch.tensor([len(r.prompt) for r in new], device=self.device)
-        if self.logits is None:
-            self.logits = logits.new_zeros(self.slot.rows, logits.shape[-1])
-        self.logits[at] = logits.to(self.logits.dtype)
+        for rows, logits in prefilled:
+            if self.logits is None:
+                self.logits = logits.new_zeros(self.slot.rows, logits.shape[-1])
+            self.logits[rows] = logits.to(self.logits.dtype)
         self._plan = None
         return []
+
+    def _prefill_into(self, new: list[Request], free: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Prefill the new requests and write their KV into rows `free` so that each prompt ends at column
+        `col`: those whose prompt starts with a stored prefix (self.prefixes) one by one, from it; the rest
+        together, left-padded. Returns (rows, their last-token logits) per forward."""
+        reuse = {id(r): self.prefixes.match(r.prompt) for r in new} if self.prefixes is not None else {}
+        fresh = [(r, i) for r, i in zip(new, free) if reuse.get(id(r)) is None]
+        out = []
+        if fresh:
+            width = max(len(r.prompt) for r, _ in fresh)
+            logits, cache = self._prefill([r for r, _ in fresh], width)
+            at = torch.tensor([i for _, i in fresh], device=self.device)
+            write_prefill(self.slot, cache, at, slice(self.col - width, self.col))
+            out.append((at, logits))
+        for r, i in zip(new, free):
+            if reuse.get(id(r)) is not None:
+                entry, n = reuse[id(r)]
+                cache = self.prefixes.load(entry, n, self.model.config, self.device)
+                ids = torch.tensor([r.prompt[n:]], device=self.device)
+                position = torch.arange(n, len(r.prompt), device=self.device)[None]
+                logits = self._forward(self.slot, ids, None, position, cache=cache)
+                self.stats["prefill_tokens"] += len(r.prompt) - n
+                at = torch.tensor([i], device=self.device)
+                write_prefill(self.slot, cache, at, slice(self.col - len(r.prompt), self.col))
+                out.append((at, logits))
+        return out
 
     def _prefill(self, new: list[Request], width: int):
         """Last-token logits and a DynamicCache of the new prompts, left-padded to `width`."""
@@ -392,6 +422,11 @@ class Decoder:
                 continue
             stop = default_stop if r.stop_ids is None else r.stop_ids
             if record(r, tokens[i], logprobs[i], stop, i):
+                if self.prefixes is not None and r.error is None:
+                    # Columns [start, col) hold the prompt and every fed token (not the last one sampled).
+                    n = min(self.col - self.start[i], len(r.prompt) + len(r.ids))
+                    self.prefixes.save((r.prompt + r.ids)[:n], self.slot.cache.layers, i,
+                                       slice(self.start[i], self.start[i] + n))
                 done.append(r)
                 freed.append(i)
                 self.rows[i] = None

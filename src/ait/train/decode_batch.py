@@ -27,6 +27,7 @@ from typing import Any
 
 from ait.train.decode import Decoder, Request
 from ait.train.decode_cache import bucket_batch
+from ait.train.decode_prefix import PrefixStore
 
 
 def eos_ids(model: Any, tokenizer: Any) -> set[int]:
@@ -44,10 +45,12 @@ class SamplingEngine:
     """Owns the sampling model; one worker thread generates the queued requests of all threads."""
 
     def __init__(self, model: Any, tokenizer: Any, max_batch: int = 16, version: int = 0, continuous: bool = True,
-                 cuda_graphs: bool | None = None, own_stream: bool = False):
+                 cuda_graphs: bool | None = None, own_stream: bool = False, prefix_cache_gib: float = 0.0):
         """`own_stream`: on a GPU, decode on a high-priority CUDA stream of the engine's own. On the default
         stream, which every thread shares, each decode step queues behind whatever another thread of the
-        process enqueued there first (the outer loop's training step: tens of seconds of kernels)."""
+        process enqueued there first (the outer loop's training step: tens of seconds of kernels).
+        `prefix_cache_gib`: host memory for the KV of ended replies, so that a conversation's next call
+        prefills only its new tokens (ait.train.decode_prefix); 0: every prompt is prefilled whole."""
         self.model, self.tokenizer, self.max_batch = model, tokenizer, max_batch
         self.stream = None
         device = getattr(model, "device", None)
@@ -63,8 +66,12 @@ class SamplingEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
         # A continuous engine keeps one rows bucket (its max batch) and doubles its cache length when it
         # must grow: few shapes, so few CUDA graphs to capture.
+        if prefix_cache_gib < 0:
+            raise ValueError(f"prefix_cache_gib must be >= 0, got {prefix_cache_gib}")
+        self.prefixes = PrefixStore(int(prefix_cache_gib * 2**30)) if prefix_cache_gib > 0 else None
         self.decoder = Decoder(model, stop_ids=stop, pad_id=self.pad_id, cuda_graphs=cuda_graphs, max_batch=max_batch,
-                               min_rows=bucket_batch(max_batch) if continuous else 1, geometric=continuous)
+                               min_rows=bucket_batch(max_batch) if continuous else 1, geometric=continuous,
+                               prefixes=self.prefixes)
         self.tokenizer_lock = threading.Lock()  # a fast tokenizer is not safe to call from several threads at once
         self.cond = threading.Condition()  # guards pending, active, paused, closing
         self.pending: collections.deque[Request] = collections.deque()
@@ -106,6 +113,8 @@ class SamplingEngine:
             try:
                 with self._after_sampling():
                     update(self.model)
+                if self.prefixes is not None:
+                    self.prefixes.clear()  # their KV came from the old weights
                 self.version = version
             finally:
                 self.paused = False
