@@ -43,6 +43,9 @@ class PolicySection(Strict):
     sampler_stream: bool = False
     """Local sampler on a GPU: decode on a high-priority CUDA stream of its own instead of the default
     stream it shares with the training step (bench/agent_sampling.py --compare-streams measures both)."""
+    prefix_cache_gib: float = Field(default=8.0, ge=0, le=1024)
+    """Local sampler: host memory for the KV of the agent's ended replies, so that an episode's next turn
+    prefills only what is new since its last one (ait.train.decode_prefix); 0 prefills every prompt whole."""
 
 
 class TrainerSection(Strict):

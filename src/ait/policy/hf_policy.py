@@ -31,6 +31,8 @@ from ait.metering import Usage
 from ait.spec import TaskSpec
 
 TRUNCATED = "[older tool result shortened to fit the model's context: {n} characters]"
+PREFIX_CACHE_GIB = 4.0
+"""Host memory the policy's own engine keeps ended replies' KV in: a turn prefills only what is new."""
 
 
 class HFPolicy:
@@ -72,7 +74,7 @@ class HFPolicy:
         if self.owns_engine:
             from ait.train.decode_batch import SamplingEngine
 
-            engine = SamplingEngine(self.model, self.tokenizer)
+            engine = SamplingEngine(self.model, self.tokenizer, prefix_cache_gib=PREFIX_CACHE_GIB)
         self.engine = engine
         self.settings["sampler"] = "engine" if engine is not None else "generate"
 

@@ -205,7 +205,8 @@ class LocalBackend:
         self.merger = LoraMerge(self.model, sampler)
         self.merger.merge()
         self.engine = SamplingEngine(sampler, self.tokenizer, max_batch=p.sample_batch_size, version=0,
-                                     continuous=p.continuous_batching, own_stream=p.sampler_stream)
+                                     continuous=p.continuous_batching, own_stream=p.sampler_stream,
+                                     prefix_cache_gib=p.prefix_cache_gib)
         self._seeds = count(config.seed * 1_000_003)
         if p.init_checkpoint:
             self.warm_start(p.init_checkpoint)
