@@ -7,9 +7,11 @@ same GPU held its packed jobs and the agent's training step.
     python bench/agent_sampling.py --smoke                              # CPU: the tiny model, short calls
 
 Each episode is a thread that makes its calls in order through one shared SamplingEngine (continuous
-batching, CUDA graphs on a GPU), as the outer loop's episodes do. A prompt is random token ids of the
-recorded length and a reply runs to exactly its recorded length (no stop token), so the engine does the
-same prefill and decode work the arc's calls did. Between calls no time passes (`--gaps`: the recorded
+batching, CUDA graphs on a GPU), as the outer loop's episodes do. A prompt has the recorded length: the
+episode's previous prompt and reply, then random token ids (a fresh random prompt where the recorded one is
+shorter than that: history re-rendered); a reply runs to exactly its recorded length (no stop token), so the
+engine does the same prefill and decode work the arc's calls did. `--compare-prefix GIB` also replays alone
+with prefix reuse (ait.train.decode_prefix), where a turn prefills only what is new. Between calls no time passes (`--gaps`: the recorded
 time between an episode's calls, i.e. its tools and jobs, passes as a sleep). Prints the replayed and the
 recorded per-call latency (median) and completion tokens a second over all episodes, and their ratio:
 near 1, the engine itself is the step's sampling cost; well above 1, what shares the GPU with it is.
@@ -79,19 +81,31 @@ def replay(engine, episodes: list[dict], vocab: int, gaps: bool, seed: int = 0) 
     out = [{"episode": e["episode"], "calls": []} for e in episodes]
     start = time.monotonic()
 
+    total, finished, lock = sum(len(e["calls"]) for e in episodes), [0], threading.Lock()
+
     def run(i: int) -> None:
         calls = episodes[i]["calls"]
         rng = torch.Generator().manual_seed(seed + i)
+        before: list[int] = []
         for k, c in enumerate(calls):
             if gaps and k:
                 time.sleep(max(0.0, c["t"] - (calls[k - 1]["t"] + calls[k - 1]["latency_s"])))
-            prompt = torch.randint(vocab, (c["prompt_tokens"],), generator=rng).tolist()
+            # As an episode's turns do: the whole conversation so far, then what is new (a tool result, the next
+            # header), where the recorded length allows it; otherwise (history re-rendered) a fresh prompt.
+            new = c["prompt_tokens"] - len(before)
+            head = before if before and new > 0 else []
+            prompt = head + torch.randint(vocab, (c["prompt_tokens"] - len(head),), generator=rng).tolist()
             t = time.monotonic()
             ids, _ = engine.sample(prompt, 1.0, c["completion_tokens"], torch.Generator(device=engine.model.device)
                                    .manual_seed(seed + 1000 * i + k))
             if len(ids) != c["completion_tokens"]:
                 raise RuntimeError(f"episode {i}, call {k}: {len(ids)} tokens replayed, {c['completion_tokens']} recorded")
             out[i]["calls"].append({**c, "t": t - start, "replayed_s": time.monotonic() - t})
+            before = prompt + ids
+            with lock:  # a line now and then: a replay that stalls shows where
+                finished[0] += 1
+                if finished[0] % 50 == 0 or finished[0] == total:
+                    print(f"    {finished[0]}/{total} calls, {time.monotonic() - start:.1f} s", flush=True)
 
     # One thread per episode; map re-raises what any of them raised (a replay that failed is no figure).
     with ThreadPoolExecutor(max_workers=max(1, len(episodes))) as pool:
@@ -153,14 +167,15 @@ def stop_processes(procs: list[subprocess.Popen]) -> None:
 
 
 def run_variant(model, tokenizer, episodes: list[dict], *, max_batch: int, gaps: bool, own_stream: bool,
-                hog_depth: int, processes: int = 0) -> list[dict]:
+                hog_depth: int, processes: int = 0, prefix_cache_gib: float = 0.0) -> list[dict]:
     """One engine (own stream or the default one), warmed up, then the replay; with hog_depth > 0, beside
     load_hog on the default stream; with processes > 0, beside that many hog_processes."""
     import torch
 
     from ait.train.decode_batch import SamplingEngine
 
-    engine = SamplingEngine(model, tokenizer, max_batch=max_batch, own_stream=own_stream)
+    engine = SamplingEngine(model, tokenizer, max_batch=max_batch, own_stream=own_stream,
+                            prefix_cache_gib=prefix_cache_gib)
     engine.stop_ids = set()  # every reply runs to its recorded length
     vocab = model.config.vocab_size
     # Warm-up: the graphs and the cache sizes the replay will need (the longest prompt), the allocator.
@@ -174,6 +189,8 @@ def run_variant(model, tokenizer, episodes: list[dict], *, max_batch: int, gaps:
     others = hog_processes(processes) if processes > 0 else []
     if model.device.type == "cuda":
         torch.cuda.synchronize()
+    if engine.prefixes is not None:
+        engine.prefixes.clear()  # the warm-up's replies are no one's prefix
     try:
         return replay(engine, episodes, vocab, gaps=gaps)
     finally:
@@ -199,6 +216,9 @@ def main() -> None:
     p.add_argument("--hog-depth", type=int, default=64, help="matmuls the load enqueues between its waits")
     p.add_argument("--beside-processes", type=int, default=0, metavar="K",
                    help="GPU: also replay beside K processes that keep the GPU busy, as K packed jobs do")
+    p.add_argument("--compare-prefix", type=float, default=0.0, metavar="GIB",
+                   help="also replay alone with GIB of prefix reuse (policy.prefix_cache_gib): a turn prefills "
+                        "only what is new since the episode's last one")
     p.add_argument("--smoke", action="store_true", help="CPU: the tiny model, 4 short episodes")
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args()
@@ -236,23 +256,26 @@ def main() -> None:
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(path))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if device == "cuda" else torch.float32,
                                                  use_safetensors=True).to(device).eval()
-    variants = [("alone", False, 0, 0)]
+    variants = [("alone", False, 0, 0, 0.0)]
+    if args.compare_prefix > 0:
+        variants += [("alone, prefix reuse", False, 0, 0, args.compare_prefix)]
     from ait.compute.local import JOBS_MPS_ENV
 
     mps = "under the jobs' MPS daemon" if os.environ.get(JOBS_MPS_ENV) else "time-sliced, no MPS"
     if args.beside_processes:
-        variants += [(f"beside {args.beside_processes} processes ({mps})", False, 0, args.beside_processes)]
+        variants += [(f"beside {args.beside_processes} processes ({mps})", False, 0, args.beside_processes, 0.0)]
     if args.compare_streams:
-        variants += [("beside a load, shared stream", False, args.hog_depth, 0),
-                     ("beside a load, own stream", True, args.hog_depth, 0)]
+        variants += [("beside a load, shared stream", False, args.hog_depth, 0, 0.0),
+                     ("beside a load, own stream", True, args.hog_depth, 0, 0.0)]
     recorded = summary(episodes)
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     figures = {"model": model_name, "device": gpu, "episodes": len(episodes), "gaps": args.gaps,
                "max_batch": args.max_batch, "hog_depth": args.hog_depth, "beside_processes": args.beside_processes,
                "recorded": recorded, "replayed": {}}
-    for name, own, depth, processes in variants:
+    for name, own, depth, processes, prefix_gib in variants:
+        print(f"  {name}:", flush=True)
         replayed = run_variant(model, tokenizer, episodes, max_batch=args.max_batch, gaps=args.gaps, own_stream=own,
-                               hog_depth=depth, processes=processes)
+                               hog_depth=depth, processes=processes, prefix_cache_gib=prefix_gib)
         figures["replayed"][name] = summary(replayed, "replayed_s")
         print(f"  {name}: {figures['replayed'][name]['span_s']:.1f} s", flush=True)
         if args.json:  # after each variant: a run cut short by its time limit keeps what it measured
@@ -267,6 +290,11 @@ def main() -> None:
     print(f"  the arc's calls took {figures['latency_ratio']:.2f}x the median latency alone"
           + ("" if args.gaps else " (tokens a second compare with the arc's only with --gaps: its span holds "
              "its tools and jobs too)"))
+    if args.compare_prefix > 0:
+        reuse = figures["replayed"]["alone, prefix reuse"]
+        figures["prefix_reuse_speedup"] = ours["span_s"] / max(reuse["span_s"], 1e-9)
+        print(f"  prefix reuse: the replay's span {figures['prefix_reuse_speedup']:.2f}x as short, median latency "
+              f"{reuse['median_latency_s'] / max(ours['median_latency_s'], 1e-9):.2f}x")
     beside = [k for k in figures["replayed"] if k.startswith("beside ") and "processes" in k]
     if beside:
         slow = figures["replayed"][beside[0]]["median_latency_s"] / max(ours["median_latency_s"], 1e-9)

@@ -45,8 +45,8 @@
 #               ARC_JOBS_PER_GPU (default: the config's, 4 on a card under 100 GB)               [arc_h200.sh]
 #   agent-sampling  the arc's agent calls replayed through the sampling engine on the GPU alone
 #               (bench/agent_sampling.py): CALLS (machine 2's agent-calls.json), its first SAMPLING_EPISODES (8)
-#               episodes, each one's calls back to back;
-#               then beside a default-stream load, the engine on the shared stream and on its own
+#               episodes, each one's calls back to back; alone with prefix reuse (SAMPLING_PREFIX_GIB, 8); beside
+#               4 busy processes; with SAMPLING_STREAMS=1 also beside a default-stream load, shared and own stream
 #   agent-memory  the agent's training step on one merged 24k-token sequence (5k targets), the vocabulary
 #               projection in chunks against all at once: peak GPU memory and seconds (bench/agent_step_memory.py)
 #   transfer    held-out transfer at the arc's end (bench/heldout_transfer.py): START (STAGE/step0, the warm
@@ -309,7 +309,8 @@ run_stage() {
     agent-sampling)  # alone; beside 4 busy processes under the jobs' MPS daemon (the packed jobs; the agent
       need qwen2.5-coder-1.5b; jobs_mps  # stays out of it, as in the arc); beside a default-stream load
       local calls=${CALLS:-docs/measurements/arc/2026-12-07-h100-b/agent-calls.json}
-      timeout 540 python3 bench/agent_sampling.py --calls "$calls" --episodes "${SAMPLING_EPISODES:-8}" --compare-streams \
+      timeout 540 python3 bench/agent_sampling.py --calls "$calls" --episodes "${SAMPLING_EPISODES:-8}" \
+        --compare-prefix "${SAMPLING_PREFIX_GIB:-8}" ${SAMPLING_STREAMS:+--compare-streams} \
         --beside-processes "${SAMPLING_PROCESSES:-4}" --json "$R/agent-sampling.json" \
         > "$R/agent-sampling.log" 2>&1; note "agent-sampling rc=$?: $(tail -1 "$R/agent-sampling.log")" ;;
     agent-memory)

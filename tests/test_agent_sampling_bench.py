@@ -76,3 +76,27 @@ def test_the_load_processes_need_a_gpu():
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "agent_sampling.py"), "--smoke", "--beside-processes", "2"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--beside-processes needs a GPU" in r.stderr
+
+
+def test_a_replayed_turn_extends_the_episodes_conversation_where_its_length_allows():
+    """Each replayed prompt is the episode's previous prompt and reply, then new tokens (what prefix reuse
+    serves), unless the recorded prompt is shorter than that (history re-rendered): then a fresh one."""
+    import torch
+
+    seen = []
+
+    class Engine:
+        model = type("M", (), {"device": torch.device("cpu")})()
+
+        def sample(self, prompt, temperature, n, generator):
+            seen.append(list(prompt))
+            return list(range(1000, 1000 + n)), [0.0] * n
+
+    calls = [{"t": 0.0, "latency_s": 1.0, "prompt_tokens": p, "completion_tokens": c}
+             for p, c in ((10, 3), (16, 2), (12, 4), (20, 1))]
+    out = bench.replay(Engine(), [{"episode": "e", "calls": calls}], vocab=50, gaps=False)
+    assert [len(p) for p in seen] == [10, 16, 12, 20]
+    assert seen[1][:13] == seen[0] + [1000, 1001, 1002]      # 10 + 3 reply tokens, then 3 new
+    assert all(t < 50 for t in seen[2])  # 12 < 16 + 2: a fresh prompt, no earlier reply in it
+    assert seen[3][:16] == seen[2] + [1000, 1001, 1002, 1003]
+    assert len(out[0]["calls"]) == 4 and all(c["replayed_s"] >= 0 for c in out[0]["calls"])
