@@ -254,8 +254,12 @@ def main() -> None:
         p.error(f"--beside-processes is a number of processes, not {args.beside_processes}")
     path = resolve_base_model(model_name).path
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(path))
+    from ait.train.attention import grouped_attention_name
+
+    # As the outer loop's sampler loads it (ait.outer.backends.local): grouped attention, no KV copy per head.
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if device == "cuda" else torch.float32,
-                                                 use_safetensors=True).to(device).eval()
+                                                 use_safetensors=True,
+                                                 attn_implementation=grouped_attention_name()).to(device).eval()
     variants = [("alone", False, 0, 0, 0.0)]
     if args.compare_prefix > 0:
         variants += [("alone, prefix reuse", False, 0, 0, args.compare_prefix)]

@@ -19,6 +19,8 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, nargs="+", default=[2000, 8000, 20000])
     ap.add_argument("--new", type=int, default=31)
     ap.add_argument("--concurrent", type=int, nargs="+", default=[1, 8, 16])
+    ap.add_argument("--plain-sdpa", action="store_true",
+                    help="transformers' sdpa (a KV copy per query head at each masked step), not the sampler's grouped one")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import torch
@@ -31,8 +33,11 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     path = resolve_base_model(args.model).path
     tok = prepare_tokenizer(AutoTokenizer.from_pretrained(path))
+    from ait.train.attention import grouped_attention_name
+
+    attention = "sdpa" if args.plain_sdpa else grouped_attention_name()  # the outer loop's sampler: grouped
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if device == "cuda" else torch.float32,
-                                                 use_safetensors=True).to(device).eval()
+                                                 use_safetensors=True, attn_implementation=attention).to(device).eval()
     engine = SamplingEngine(model, tok, max_batch=16)
     engine.stop_ids = set()
     vocab = model.config.vocab_size
@@ -55,7 +60,7 @@ def main() -> None:
                 lat = list(pool.map(lambda i: call(p, 100 + i), range(c)))
             wall = time.perf_counter() - t0
             stats = {k: engine.decoder.stats[k] - before.get(k, 0) for k in engine.decoder.stats}
-            row = {"prompt": p, "concurrent": c, "new": args.new, "wall_s": round(wall, 3),
+            row = {"attention": attention, "prompt": p, "concurrent": c, "new": args.new, "wall_s": round(wall, 3),
                    "median_latency_s": round(statistics.median(lat), 3), "cache_len": engine.decoder.slot.cache_len,
                    **stats}
             rows.append(row)

@@ -14,12 +14,16 @@ from ait.train.decode_prefix import PrefixStore, common_prefix
 VOCAB = 97
 
 
-@pytest.fixture(scope="module")
-def model():
+@pytest.fixture(scope="module", params=["sdpa", "grouped"])
+def model(request):
+    """Both attentions a sampler runs with: transformers' sdpa and ours (the outer loop's, the eval's)."""
+    from ait.train.attention import grouped_attention_name
+
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      initializer_range=0.5, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+                      initializer_range=0.5, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+                      attn_implementation="sdpa" if request.param == "sdpa" else grouped_attention_name())
     return LlamaForCausalLM(cfg).eval()
 
 

@@ -374,6 +374,7 @@ def evaluate(req: EvalRequest) -> EvalReport:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ait.train.attention import grouped_attention_name
     from ait.train.request import require_given_gpu
 
     require_given_gpu()
@@ -381,8 +382,11 @@ def evaluate(req: EvalRequest) -> EvalReport:
     t0 = time.monotonic()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    # Grouped-query attention without copying the KV cache for every query head (ait.train.attention): the
+    # decoder passes a mask at every step, and with it transformers' sdpa repeats the whole cache per head.
     model = AutoModelForCausalLM.from_pretrained(req.base_model_path, dtype=dtype, use_safetensors=True,
-                                                 trust_remote_code=False).to(device).eval()
+                                                 trust_remote_code=False,
+                                                 attn_implementation=grouped_attention_name()).to(device).eval()
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(req.base_model_path, trust_remote_code=False))
     report = EvalReport(n=len(examples), fingerprint=req.fingerprint)
     report.seconds["eval/load_s"] = time.monotonic() - t0

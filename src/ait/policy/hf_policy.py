@@ -62,8 +62,13 @@ class HFPolicy:
             self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
             dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
             self.tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(path, trust_remote_code=False))
+            from ait.train.attention import grouped_attention_name
+
+            # No KV-cache copy per query head at each masked decode step (ait.train.attention).
             self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True,
-                                                              trust_remote_code=False).to(self.device).eval()
+                                                              trust_remote_code=False,
+                                                              attn_implementation=grouped_attention_name()
+                                                              ).to(self.device).eval()
         self.name = f"hf:{model}"
         self.temperature, self.max_new_tokens, self.seed = temperature, max_new_tokens, seed
         self.max_context = max_context or context_length(self.model, self.tokenizer)
