@@ -145,3 +145,35 @@ def test_a_capped_agent_frees_its_cache_before_it_runs_out_and_stops_at_its_cap(
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, 0)
         torch.cuda.empty_cache()
+
+
+def test_prefix_reuse_on_the_gpu_serves_a_conversation_from_pinned_host_memory_under_cuda_graphs():
+    """The server's prefix store on CUDA: KV copied out to pinned host memory asynchronously (an event marks
+    it), back in for the next turn, which prefills only its new tokens and samples, under CUDA graphs, what
+    an engine without the store samples (float32: no rounding between decode-step and prefill KV)."""
+    from ait.train.decode import Request
+    from ait.train.decode_prefix import PrefixStore
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path(), dtype=torch.float32,
+                                                 attn_implementation=grouped_attention_name()).cuda().eval()
+
+    def conversation(store):
+        dec = Decoder(model, stop_ids=[], pad_id=0, min_rows=4, max_batch=4, geometric=True, prefixes=store)
+        turns, prompt = [], list(range(5, 205))
+        for k in range(3):
+            r = Request(prompt, 12, 1.0, generator=torch.Generator(device="cuda").manual_seed(k))
+            dec.submit([r])
+            while dec.busy:
+                dec.step()
+            turns.append(r.ids)
+            prompt = prompt + r.ids + list(range(300 + 20 * k, 320 + 20 * k))
+        return turns, dec
+
+    plain, _ = conversation(None)
+    store = PrefixStore(2**28, min_tokens=16)
+    reused, dec = conversation(store)
+    assert reused == plain
+    assert store.stats["hits"] == 2 and store.stats["tokens_reused"] >= 2 * 200
+    entry = next(iter(store.entries.values()))
+    assert entry.keys[0].is_pinned() and entry.ready is not None and entry.ready.query()
+    assert dec.stats["graphs_captured"] >= 1
