@@ -18,7 +18,7 @@ floating-point rounding; the logprobs recorded are still those of the distributi
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -32,7 +32,6 @@ class Prefix:
     nbytes: int
     ready: object = None
     """A CUDA event recorded after the copies out of the GPU were queued (None on CPU)."""
-    uses: int = field(default=0)
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -110,11 +109,9 @@ class PrefixStore:
         if best is None or best_n < self.min_tokens:
             return None
         self.entries.move_to_end(best)
-        entry = self.entries[best]
-        entry.uses += 1
         self.stats["hits"] += 1
         self.stats["tokens_reused"] += best_n
-        return entry, best_n
+        return self.entries[best], best_n
 
     def load(self, entry: Prefix, n: int, config, device: torch.device):
         """A DynamicCache holding the entry's first `n` tokens' KV on `device` (one row)."""
@@ -123,10 +120,9 @@ class PrefixStore:
         if entry.ready is not None:
             entry.ready.synchronize()
         cache = DynamicCache(config=config)
-        blocking = device.type != "cuda"
+        cuda = device.type == "cuda"  # pinned host memory: the copies in can be asynchronous
         for i, (k, v) in enumerate(zip(entry.keys, entry.values)):
-            cache.update(k[None, :, :n].to(device, non_blocking=not blocking),
-                         v[None, :, :n].to(device, non_blocking=not blocking), i)
+            cache.update(k[None, :, :n].to(device, non_blocking=cuda), v[None, :, :n].to(device, non_blocking=cuda), i)
         return cache
 
     def _drop(self, key: int) -> None:
