@@ -65,7 +65,7 @@ mkdir -p "$R"
 # The staging calls re-copy the working tree under this script's feet: run from a private copy.
 CODE=${CODE:-/root/code}
 if [ "$PWD" != "$CODE" ]; then
-  rm -rf "$CODE"; mkdir -p "$CODE"; cp -r src bench examples configs docs pyproject.toml "$CODE/"
+  rm -rf "$CODE"; mkdir -p "$CODE"; cp -r src bench examples configs docs tests pyproject.toml "$CODE/"
   [ -n "${BASELINE_SRC:-}" ] && [ -d "$BASELINE_SRC" ] && cp -r "$BASELINE_SRC" /root/baseline-src && BASELINE_SRC=/root/baseline-src
   cd "$CODE"
 fi
