@@ -1,9 +1,11 @@
 """Infrastructure time is not the agent's: a packed job re-run alone after an OOM or GPU fault is timed
 once (the attempt that counted, at the packing it was admitted to), and a job the episode's deadline
-finds still waiting for a slot is infra_error, cancelled before it ever runs."""
+finds still waiting for a slot is infra_error, cancelled before it ever runs; a wait for a slot moves the
+episode's deadline (up to slot_wait_s), so a job other work held up is not killed as the agent's timeout."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -110,8 +112,10 @@ def test_a_job_still_waiting_for_a_slot_at_the_deadline_is_infra_and_never_runs(
     from ait.train.models import resolve_base_model
 
     resolve_base_model("tiny")  # built once per AIT_HOME: not on the episode's clock
-    result = run_episode(load_spec(TASK), TASK, ReferencePolicy(jobs=1), EpisodeConfig(timeout_s=3.0),
+    begun = time.monotonic()
+    result = run_episode(load_spec(TASK), TASK, ReferencePolicy(jobs=1), EpisodeConfig(timeout_s=3.0, slot_wait_s=1.5),
                          runs_dir=tmp_path / "runs", baselines=BaselineStore(tmp_path / "b.json"), executor=ex)
+    assert time.monotonic() - begun >= 4.0  # the wait moved the deadline by its 1.5 s, no further
     assert result.stop_reason is StopReason.infra_error, result.error
     assert result.job is not None and result.job.fail_reason is FailReason.infra
     assert "never ran" in (result.job.error or "") and "waited for a slot" in result.error
@@ -119,6 +123,63 @@ def test_a_job_still_waiting_for_a_slot_at_the_deadline_is_infra_and_never_runs(
     holder.join(10)
     time.sleep(0.5)  # the episode's job gets the slot now: it must not start in an abandoned run
     assert ran == ["blocker"]
+
+
+def test_a_job_held_up_by_another_episodes_job_gets_its_time_once_it_starts(tmp_path, monkeypatch):
+    """The slot is busy for 2.5 s of a 3 s episode and the job itself takes 1.5 s: without the excused
+    wait it would be killed as the agent's timeout; with it the job finishes and is scored."""
+    release, ran = threading.Event(), []
+
+    def job_fn(job, env):
+        ran.append(job.job_id)
+        if job.job_id == "blocker":
+            release.wait(30)
+        else:
+            time.sleep(1.5)
+        return JobResult(job_id=job.job_id, ok=True, pre=0.1, post=0.9, eval_n=8, train_seconds=1.0)
+
+    ex = LocalExecutor([{}], job_fn=job_fn)
+    holder = occupy(ex, tmp_path, release)
+    monkeypatch.setattr(episode_mod, "probe_workspace", valid_probe)
+    from ait.train.models import resolve_base_model
+
+    resolve_base_model("tiny")
+    threading.Timer(2.5, release.set).start()
+    result = run_episode(load_spec(TASK), TASK, ReferencePolicy(jobs=1), EpisodeConfig(timeout_s=3.0),
+                         runs_dir=tmp_path / "runs", baselines=BaselineStore(tmp_path / "b.json"), executor=ex)
+    holder.join(10)
+    assert result.stop_reason is StopReason.job_done, result.error
+    assert result.job is not None and result.job.ok and ran[-1] == result.job.job_id
+    events = [json.loads(line) for line in (tmp_path / "runs" / result.run_id / "trajectory.jsonl").open()]
+    waits = [e for e in events if e.get("kind") == "slot_wait"]
+    assert len(waits) == 1 and 1.5 < waits[0]["excused_s"] <= 3.0
+
+
+def test_run_until_excuses_no_more_wait_than_allowed(tmp_path):
+    """A job that waits 1 s for its slot and then runs 0.5 s, with 0.8 s of its own: in time when up to
+    1 s of the wait is excused, killed (None) when only 0.2 s is, and the excused seconds are returned."""
+    from ait.harness.jobs import run_until
+
+    class SlowSlot:
+        def __init__(self):
+            self.begun = None
+
+        def run(self, job, on_event=None):
+            time.sleep(1.0)
+            self.begun = time.monotonic()
+            time.sleep(0.5)
+            return JobResult(job_id=job.job_id, ok=True)
+
+        def started(self, job):
+            return self.begun is not None
+
+    job = reference_job(tmp_path)
+    result, excused = run_until(SlowSlot(), job, 0.8, slot_wait_s=5.0)
+    assert result is not None and result.ok and 0.7 < excused < 1.1
+    result, excused = run_until(SlowSlot(), job, 0.8, slot_wait_s=0.2)
+    assert result is None and excused == pytest.approx(0.2)
+    result, excused = run_until(SlowSlot(), job, 0.8)  # 0: the old rule, every second counts
+    assert result is None and excused == 0.0
 
 
 def test_a_job_that_started_and_runs_past_the_deadline_is_the_agents_timeout(tmp_path, monkeypatch):

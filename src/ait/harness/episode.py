@@ -5,7 +5,8 @@
                  ─ reward ─ artifacts in runs/<run_id>/, spend in runs/costs.jsonl
 
 With EpisodeConfig.timeout_s the episode has a wall-clock deadline: past it no further turn
-is taken, a running job is killed, and the episode ends as `timeout`, scored as it stood.
+is taken, a running job is killed, and the episode ends as `timeout`, scored as it stood. The time a
+job waits for a slot other jobs hold moves the deadline (up to EpisodeConfig.slot_wait_s).
 
 Why an episode ended is decided in one method, Episode.decide, asked at each point of a turn
 where it may end (At) and once more when it is scored; it sets Episode.stop. Tools only record
@@ -311,15 +312,21 @@ class Episode:
 
     def run_job(self, job: Job) -> JobResult:
         """The executor's result; with a deadline, a job still running when it passes is killed and
-        recorded as failed (timeout), and the episode ends as timed out. Interrupted (Ctrl-C), the
+        recorded as failed (timeout), and the episode ends as timed out. The deadline first moves by
+        the job's wait for a slot, up to slot_wait_s (other episodes' jobs held it up, not the agent). Interrupted (Ctrl-C), the
         job is stopped (its processes killed, its queue entry cancelled) and recorded as killed, with
         the seconds it ran in the ledger, before the interrupt goes on."""
         executor = self.executor
         start = time.monotonic()
         try:
             left = self.seconds_left()
-            result = (executor.run(job, on_event=self.on_event) if left is None
-                      else jobs_.run_until(executor, job, left, self.on_event))
+            if left is None:
+                result = executor.run(job, on_event=self.on_event)
+            else:
+                result, excused = jobs_.run_until(executor, job, left, self.on_event, self.config.slot_wait_s)
+                if excused > 0 and self.deadline is not None:  # other jobs held the slot: not the agent's time
+                    self.deadline += excused
+                    self.run.log("slot_wait", job_id=job.job_id, excused_s=round(excused, 3))
         except KeyboardInterrupt:
             cancel_job(executor, job)
             spent = time.monotonic() - start

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -83,6 +84,7 @@ def discard_checkpoint(job: Job, result: JobResult) -> bool:
     return True
 
 
+SLOT_POLL_S = 0.25  # how often run_until asks an executor whether a waiting job has started
 KEPT_JOB_FILES = ("train_request.json", "train_output.json")  # small records of what ran, kept on purpose
 
 
@@ -151,12 +153,18 @@ def scored_job(records: list[JobRecord], chosen: int | None = None) -> int | Non
     return finished[-1] if finished else len(records) - 1
 
 
-def run_until(executor: Executor, job: Job, seconds: float,
-              on_event: Callable[[str], None] | None = None) -> JobResult | None:
-    """executor.run(job) if it returns within `seconds`, else None. A job still running then is
-    killed: its processes (children of this process working in the job's directory, as the inline
-    and local executors start them) are killed until the executor returns, so a job that was
-    still waiting for a slot dies as soon as it starts. A queue or Ray job keeps its own limits."""
+def run_until(executor: Executor, job: Job, seconds: float, on_event: Callable[[str], None] | None = None,
+              slot_wait_s: float = 0.0) -> tuple[JobResult | None, float]:
+    """(executor.run(job), the seconds of its wait that are excused) if it returns in time, else (None, ...).
+
+    The job has `seconds` to run, counted from when the executor starts it: up to `slot_wait_s` of
+    waiting for a slot (other episodes' jobs held it) is not its time, and the excused part is returned
+    so the caller can move its own deadline by as much. A wait past `slot_wait_s` counts against the
+    `seconds`; a job that has not started when they are spent too is given up on (the caller cancels it).
+    A job still running at its deadline is killed: its processes (children of this process working in the
+    job's directory, as the inline and local executors start them) are killed until the executor returns,
+    so a job that was still waiting for a slot dies as soon as it starts. A queue or Ray job keeps its
+    own limits."""
     from ait.compute.local import kill_job_processes
 
     box: dict[str, object] = {}
@@ -171,10 +179,19 @@ def run_until(executor: Executor, job: Job, seconds: float,
             done.set()
 
     threading.Thread(target=target, name=f"job-{job.job_id}", daemon=True).start()
-    if done.wait(seconds):
+    start = time.monotonic()
+    waited = 0.0  # until the job was last seen waiting
+    while not done.is_set() and slot_wait_s > 0:  # the wait for a slot, polled: executors report a start
+        now = time.monotonic()
+        if executor.started(job) or now - start >= seconds + slot_wait_s:
+            break
+        waited = now - start
+        done.wait(min(SLOT_POLL_S, start + seconds + slot_wait_s - now))
+    excused = min(waited, slot_wait_s)
+    if done.wait(max(0.0, start + excused + seconds - time.monotonic())):
         if "error" in box:
             raise box["error"]  # type: ignore[misc]
-        return box["result"]  # type: ignore[return-value]
+        return box["result"], excused  # type: ignore[return-value]
 
     def reap() -> None:
         kill_job_processes(job)
@@ -182,4 +199,4 @@ def run_until(executor: Executor, job: Job, seconds: float,
             kill_job_processes(job)
 
     threading.Thread(target=reap, name=f"reap-{job.job_id}", daemon=True).start()
-    return None
+    return None, excused

@@ -122,6 +122,11 @@ class EpisodeConfig(Strict):
     timeout_s: float | None = Field(default=None, gt=0)
     """Wall-clock limit of the whole episode; when it passes the episode stops as `timeout` (a running job is
     killed) and is scored as it stood. None = no limit."""
+    slot_wait_s: float = Field(default=600.0, ge=0, le=24 * 3600)
+    """Seconds a job may wait for a slot (a GPU another episode's job holds) without it counting against
+    timeout_s: the deadline moves by the wait, so a job that other work held up is not killed as the
+    agent's timeout once it runs. A longer wait counts; a job still waiting when the deadline passes
+    never runs and the episode is infra_error. 0 = every second of the wait counts."""
     keep_checkpoints: bool = True
     """False: delete each job's trained weights once they are scored (the outer loop's default: every
     episode of a long run would otherwise keep a full model, ~1 GB for a 0.5B full fine-tune)."""
