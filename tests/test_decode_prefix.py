@@ -160,3 +160,35 @@ def test_new_weights_clear_the_engines_store():
         engine.close()
     with pytest.raises(ValueError, match="prefix_cache_gib"):
         SamplingEngine(m, tok, max_batch=2, prefix_cache_gib=-1)
+
+
+def test_the_engines_counters_show_a_conversations_reuse():
+    """The figures each outer step reports (trainer/sampler_*): a call that extends the previous call's
+    prompt and reply prefills only its new tokens, and the rest are counted as served from the store."""
+    from ait.train.decode_batch import SamplingEngine
+    from ait.train.tiny import tiny_model_path
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = tiny_model_path()
+    tok = AutoTokenizer.from_pretrained(path)
+    m = AutoModelForCausalLM.from_pretrained(path).eval()
+    for gib in (0.01, 0.0):
+        engine = SamplingEngine(m, tok, max_batch=2, prefix_cache_gib=gib)
+        engine.decoder.stop_ids = []  # the reply is exactly its max_new_tokens, so it is fed whole
+        try:
+            if engine.prefixes is not None:
+                engine.prefixes.min_tokens = 4
+            first = list(range(5, 40))
+            reply, _ = engine.sample(first, 1.0, 3, torch.Generator().manual_seed(0))
+            before = engine.counters()
+            engine.sample(first + reply + list(range(50, 60)), 1.0, 3, torch.Generator().manual_seed(1))
+            after = engine.counters()
+        finally:
+            engine.close()
+        prefilled = after["prefill_tokens"] - before["prefill_tokens"]
+        reused = after["prefix_tokens_reused"] - before["prefix_tokens_reused"]
+        assert after["generated_tokens"] - before["generated_tokens"] == 3
+        if gib:  # the store holds the first prompt and the reply's fed tokens (all but the last)
+            assert reused >= len(first) and prefilled + reused == len(first) + len(reply) + 10
+        else:
+            assert reused == 0 and prefilled == len(first) + len(reply) + 10

@@ -111,6 +111,9 @@ def test_train_step_moves_weights_towards_the_better_episode(backend: LocalBacke
     assert stats.tokens == len(good.completion_ids) + len(bad.completion_ids) and stats.datums == 2
     assert stats.extra["grad_norm"] > 0 and "skipped" not in stats.extra  # (the loss value itself is 0 at ratio 1
     # when both replies have the same length: the advantages sum to 0)
+    # The sampler's figures since the last step: the two sampled turns at least, and nothing since this one.
+    assert stats.extra["sampler_generated_tokens"] >= stats.tokens and stats.extra["sampler_prefill_tokens"] > 0
+    assert set(backend.sampler_counts().values()) == {0.0}
     after_weights = backend.adapter_state()
     assert any(not torch.equal(before_weights[k], after_weights[k]) for k in before_weights)
     assert logp(good) - logp(bad) > before  # the better episode's tokens became relatively likelier

@@ -83,6 +83,13 @@ class SamplingEngine:
         self._worker = threading.Thread(target=self._run, name="ait-sampler", daemon=True)
         self._worker.start()
 
+    def counters(self) -> dict[str, int]:
+        """Running totals since the engine started: prompt tokens prefilled, prompt tokens served from stored
+        prefixes instead (ait.train.decode_prefix) and tokens generated. A step's share is two readings' difference."""
+        reused = self.prefixes.stats["tokens_reused"] if self.prefixes is not None else 0
+        return {"prefill_tokens": self.decoder.stats["prefill_tokens"], "prefix_tokens_reused": reused,
+                "generated_tokens": self.tokens}
+
     @property
     def stop_ids(self) -> set[int]:
         return set(self.decoder.stop_ids)

@@ -208,6 +208,7 @@ class LocalBackend:
                                      continuous=p.continuous_batching, own_stream=p.sampler_stream,
                                      prefix_cache_gib=p.prefix_cache_gib)
         self._seeds = count(config.seed * 1_000_003)
+        self._sampled = self.engine.counters()  # the reading the next step's sampler figures start from
         if p.init_checkpoint:
             self.warm_start(p.init_checkpoint)
 
@@ -262,7 +263,13 @@ class LocalBackend:
                          extra={"grad_norm": float(grad_norm), "active_tokens": float(drift_n),
                                 "kl_sample_train": drift / max(drift_n, 1),
                                 "forward_tokens": float(sum(len(seq.tokens) for seq, _ in active)), **counts,
-                                **self.gpu_memory_peaks()})
+                                **self.gpu_memory_peaks(), **self.sampler_counts()})
+
+    def sampler_counts(self) -> dict[str, float]:
+        """The sampler's prompt tokens prefilled and served from stored prefixes since the last step."""
+        now = self.engine.counters()
+        then, self._sampled = self._sampled, now
+        return {f"sampler_{k}": float(v - then.get(k, 0)) for k, v in now.items()}
 
     def gpu_memory_peaks(self) -> dict[str, float]:
         """The agent's peak GPU memory since the last step (sampling and training), then reset: what
