@@ -1,6 +1,6 @@
 """The agent's training-step memory: one merged agent sequence forwarded and backpropagated through the
 outer loop's LoRA model (ait.outer.backends.local), the vocabulary projection in chunks (the default,
-ait.train.logprobs.LOGIT_CHUNK_ELEMENTS) against all target positions at once (how it was done
+ait.outer.backends.loss.LOGIT_CHUNK_ELEMENTS) against all target positions at once (how it was done
 before), in one process, alternating. Prints each variant's peak GPU memory above what was allocated
 before the step, its seconds, and the ratio of the peaks.
 
@@ -67,7 +67,7 @@ def main() -> None:
     import torch
 
     from ait.outer.backends.local import LocalBackend, default_device
-    from ait.train.logprobs import LOGIT_CHUNK_ELEMENTS
+    from ait.outer.backends.loss import LOGIT_CHUNK_ELEMENTS
     from ait.outer.config import OuterConfig
 
     if args.smoke:

@@ -281,45 +281,6 @@ def test_scoring_a_padded_batch_equals_scoring_each_rollout_alone():
             assert torch.allclose(got, want, atol=1e-5)
 
 
-@pytest.mark.parametrize("lora", [False, True])
-def test_scoring_a_chunk_of_positions_at_a_time_equals_the_models_forward(monkeypatch, lora):
-    """The inner trainer projects a few positions at a time (ait.train.logprobs, checkpointed): logprobs
-    and gradients equal those of the model's own forward over every position at once, for full
-    fine-tuning and LoRA."""
-    from contextlib import nullcontext
-
-    from ait.train import logprobs as logprobs_mod
-    from ait.train.fast_grpo import score_batch
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_path(), attn_implementation="sdpa")
-    if lora:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                 init_lora_weights=False))
-    batch = [Rollout(row={}, ids=list(range(5, 25)), prompt_len=4, sampled=[True] * 16),
-             Rollout(row={}, ids=list(range(30, 41)), prompt_len=2, sampled=[True, False] * 4 + [True])]
-    trained = [q for q in model.parameters() if q.requires_grad]
-
-    def score(chunked: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        model.zero_grad()
-        if chunked:  # 3 positions a chunk: 11 chunks over the 2 x 16 positions
-            monkeypatch.setattr(logprobs_mod, "LOGIT_CHUNK_ELEMENTS", 3 * model.config.vocab_size)
-        else:  # the model's own forward, every position projected at once
-            monkeypatch.setattr("ait.train.fast_grpo.plain_head", lambda m: False)
-        logp, mask = score_batch(model, batch, torch.device("cpu"), nullcontext(), temperature=0.7)
-        (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
-        monkeypatch.undo()
-        return logp.detach(), [q.grad.clone() for q in trained]
-
-    whole, whole_grads = score(False)
-    chunked, chunked_grads = score(True)
-    assert torch.allclose(chunked, whole, atol=1e-5)
-    for a, b in zip(chunked_grads, whole_grads):  # to float32 rounding: the head's gradient sums chunk by chunk
-        assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max()) + 1e-8, a.shape
-
-
 def test_training_turns_off_cudnn_attention(tmp_path):
     """cuDNN's SDPA backward returns NaN under masks at widths of 64 mod 128 on H100/H200
     (pytorch/pytorch#196678): a training process must not use it."""

@@ -57,10 +57,7 @@ def estimate_job_gib(job: Job, model_dir: str, logit_budget: int = LOGIT_BUDGET)
     kv = rollouts * tokens * s["layers"] * 2 * s["kv_heads"] * s["head_dim"] * 2
     micro = max(1024, min(16_384, logit_budget // s["vocab"]))  # ait.train.fast_grpo.microbatch_tokens
     activations = micro * s["hidden"] * s["layers"] * 24
-    # bf16 logits and their grad, fp32 log-softmax and its grad, for the whole micro-batch: the trainer now
-    # projects a chunk of positions at a time (ait.train.logprobs), so this overstates a plain head's
-    # scoring by up to (micro x vocab - LOGIT_CHUNK_ELEMENTS) x 12 B until a GPU measures the jobs again.
-    logits = micro * s["vocab"] * 12
+    logits = micro * s["vocab"] * 12  # bf16 logits and their grad, fp32 log-softmax and its grad
     waiting_eval = s["params"] * 2  # bf16 base weights, loaded while training runs
     return ((weights + kv + activations + logits) * ALLOCATOR_SLACK + waiting_eval) / GIB + 2 * CONTEXT_GIB
 

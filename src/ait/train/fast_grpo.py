@@ -35,7 +35,6 @@ from ait.job.env_loader import import_env, read_surface
 from ait.job.types import Job, TrainConfig
 from ait.train.attention import avoid_cudnn_attention, grouped_attention_name
 from ait.train.decode import Decoder
-from ait.train.logprobs import plain_head, softcap_of, target_logprobs
 from ait.train.request import (
     LOGIT_BUDGET,
     LOGIT_BUDGET_ENV,
@@ -171,17 +170,11 @@ def score_batch(model, batch: list[Rollout], device: torch.device, autocast,
     valid = attn.bool()
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
     mask4d = (causal[None] & valid[:, None, :]) | torch.eye(width, dtype=torch.bool, device=device)[None]
-    targets = ids[:, width - tail:]
     with autocast:
-        if plain_head(model):  # the head a chunk of positions at a time (ait.train.logprobs)
-            hidden = model.get_decoder()(input_ids=ids, attention_mask=mask4d[:, None], position_ids=position,
-                                         use_cache=False).last_hidden_state[:, width - tail - 1:width - 1]
-            logprobs = target_logprobs(model.get_output_embeddings(), hidden.reshape(-1, hidden.shape[-1]),
-                                       targets.reshape(-1), temperature, softcap_of(model)).view(len(batch), tail)
-        else:
-            logits = model(input_ids=ids, attention_mask=mask4d[:, None], position_ids=position, use_cache=False,
-                           logits_to_keep=tail + 1).logits[:, :-1, :]
-            logprobs = torch.log_softmax(logits.float() / temperature, dim=-1).gather(2, targets[..., None])[..., 0]
+        logits = model(input_ids=ids, attention_mask=mask4d[:, None], position_ids=position, use_cache=False,
+                       logits_to_keep=tail + 1).logits[:, :-1, :]
+    targets = ids[:, width - tail:]
+    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1).gather(2, targets[..., None])[..., 0]
     return logprobs.masked_fill(~mask, 0.0), mask
 
 

@@ -17,10 +17,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ait.train.logprobs import softcap_of, target_logprobs
-
 if TYPE_CHECKING:
     from ait.outer.backends.sequences import Sequence
+
+
+LOGIT_CHUNK_ELEMENTS = 2**26
+"""Vocabulary-projection chunk: positions x vocab stays under this (441 positions of a 152k vocabulary,
+256 MiB of float32 logits), so a sequence's logits are never all in memory at once. Unchunked, 5,000
+target positions on a 152k vocabulary held about 12 GiB at once in the backward pass (the float32
+logits, their tempered copy, the log-softmax and its gradient): the agent's peak, which the packed inner
+jobs cannot use. A chunk's peak is about 12 bytes x positions x vocab, 0.8 GiB here."""
 
 
 def completion_logprobs(model: Any, prompt_ids: list[int], completion_ids: list[int],
@@ -33,7 +39,7 @@ def completion_logprobs(model: Any, prompt_ids: list[int], completion_ids: list[
 
 
 def sequence_logprobs(model: Any, tokens: list[int], targets: list[int], temperature: float = 1.0,
-                      chunk_elements: int | None = None) -> Any:
+                      chunk_elements: int = LOGIT_CHUNK_ELEMENTS) -> Any:
     """logp_θ of tokens[p] given tokens[:p] for each position p in `targets` (each > 0), at the
     sampling temperature (0 = greedy: temperature 1). One forward pass of the model's body over the
     whole sequence; the vocabulary projection only at the positions that predict a target
@@ -41,6 +47,7 @@ def sequence_logprobs(model: Any, tokens: list[int], targets: list[int], tempera
     recomputed in the backward pass instead of kept (activation checkpointing). A 1-D float32 tensor
     with grad, equal to projecting every position at once."""
     import torch
+    from torch.utils.checkpoint import checkpoint
 
     if not targets:
         return torch.zeros(0, device=model.device)
@@ -50,9 +57,22 @@ def sequence_logprobs(model: Any, tokens: list[int], targets: list[int], tempera
     ids = torch.tensor([list(tokens)], device=model.device)
     at = torch.tensor([p - 1 for p in targets], device=model.device)  # the positions that predict them
     wanted = ids[0, at + 1]
-    hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0, at]
-    return target_logprobs(model.get_output_embeddings(), hidden, wanted, temperature, softcap_of(model),
-                           chunk_elements)
+    head, body = model.get_output_embeddings(), model.get_decoder()
+    hidden = body(input_ids=ids).last_hidden_state[0, at]
+    softcap = getattr(model.config, "final_logit_softcapping", None)  # Gemma 2's, applied as its forward does
+    t = temperature if temperature > 0 else 1.0
+
+    def chunk_logprobs(h: Any, want: Any) -> Any:
+        logits = head(h).float()
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        return torch.log_softmax(logits / t, dim=-1).gather(1, want[:, None])[:, 0]
+
+    size = max(1, chunk_elements // head.weight.shape[0])
+    if len(targets) <= size:
+        return chunk_logprobs(hidden, wanted)
+    return torch.cat([checkpoint(chunk_logprobs, hidden[s:s + size], wanted[s:s + size], use_reentrant=False)
+                      for s in range(0, len(targets), size)])
 
 
 def importance_sampling_backward(model: Any, batch: list[tuple[Sequence, float]], tokens: int,
