@@ -7,7 +7,8 @@
 # Prints the end of progress.log, the arc's per-step rows (reward, valid rate, seconds; per family the
 # job_quality mean and within-group std and the distinct job configurations) and the last log line; then
 # writes $OUT/results.tgz (RESULTS without weights, checkpoints or pieces) and copies the newest bundle's
-# pieces, and the warm start's (step_0) once. A call brings back at most 8 files and 64 MiB.
+# pieces when they changed since the last poll (RESEND=1: anyway), and the warm start's (step_0) once. A
+# call brings back at most 8 files and 64 MiB.
 R=${RESULTS:-/root/results}
 sleep "${1:-0}"
 tail -n "${TAIL:-8}" "$R/progress.log" 2>/dev/null
@@ -31,7 +32,12 @@ ls "$R"/arc-*.log > /dev/null 2>&1 && grep -hv Warning "$R"/arc-*.log | tail -n 
 nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader 2>/dev/null
 [ -n "${OUT:-}" ] || exit 0
 # The pieces first: they are what a later machine resumes from, and a poll cut short must still bring them.
-cp "$R"/bundle.tar.part-* "$OUT/" 2>/dev/null
+# Only when they changed since a poll last sent them (RESEND=1: again anyway): four pieces and the results
+# passed the 64 MiB a call brings back on 2026-12-07, and the results were left out.
+sig=$(stat -c '%n %s %Y' "$R"/bundle.tar.part-* 2>/dev/null | md5sum | cut -c1-32)
+if ls "$R"/bundle.tar.part-* > /dev/null 2>&1 && { [ -n "${RESEND:-}" ] || [ "$sig" != "$(cat "$R/bundle.sent" 2>/dev/null)" ]; }; then
+  cp "$R"/bundle.tar.part-* "$OUT/" && echo "$sig" > "$R/bundle.sent"
+fi
 if [ ! -f "$R/step0.sent" ] && ls "$R"/step0.tar.part-* > /dev/null 2>&1; then
   cp "$R"/step0.tar.part-* "$OUT/" && touch "$R/step0.sent"
 fi
