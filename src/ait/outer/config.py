@@ -104,7 +104,8 @@ class OuterConfig(Strict):
     max_steps_off_policy: int = Field(default=1, ge=0, le=64)
     """A group sampled more than this many optimizer steps ago is dropped and re-sampled (0 = on-policy)."""
     episode_timeout_s: float = Field(default=3600.0, gt=0.0, le=7 * 24 * 3600)
-    """Wall-clock limit of one episode; at it the episode is scored as it stood (timed_out)."""
+    """Wall-clock limit of one episode; at it the episode is scored as it stood (timed_out). A job's wait for
+    a GPU slot moves it, up to [episode] slot_wait_s."""
     concurrency: int = Field(default=4, ge=1, le=1024)
     """Episodes in flight at once."""
     heldout_every: int = Field(default=0, ge=0, le=100_000)

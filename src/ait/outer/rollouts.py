@@ -18,7 +18,8 @@ slot step · groups_per_step: groups in flight when the checkpoint was written a
 An episode records the policy version it started with; a group's version is its oldest
 member's. Episodes run the real harness (run_episode: probe, inner job, reward) on the run's
 one executor (its pool of job slots, shared by every episode) with a wall-clock limit, so one
-slow episode holds its group up by at most episode_timeout_s and is then scored as it stood.
+slow episode holds its group up by at most episode_timeout_s, plus what its job waited for a slot (up to
+[episode] slot_wait_s: other episodes' jobs held it, not the agent), and is then scored as it stood.
 Episodes whose policy raised, timed out or hit a budget are kept: nothing is dropped silently.
 Episodes that ended as infra_error (the eval or a worker failed, not the agent) are left out of
 their group's advantages and counted; a group left with fewer than two members carries no
