@@ -313,9 +313,9 @@ class Episode:
     def run_job(self, job: Job) -> JobResult:
         """The executor's result; with a deadline, a job still running when it passes is killed and
         recorded as failed (timeout), and the episode ends as timed out. The deadline first moves by
-        the job's wait for a slot, up to slot_wait_s (other episodes' jobs held it up, not the agent). Interrupted (Ctrl-C), the
-        job is stopped (its processes killed, its queue entry cancelled) and recorded as killed, with
-        the seconds it ran in the ledger, before the interrupt goes on."""
+        the job's wait for a slot, up to slot_wait_s (other episodes' jobs held it up, not the agent).
+        Interrupted (Ctrl-C), the job is stopped (its processes killed, its queue entry cancelled) and
+        recorded as killed, with the seconds it ran in the ledger, before the interrupt goes on."""
         executor = self.executor
         start = time.monotonic()
         try:
