@@ -23,9 +23,11 @@ for line in open(sys.argv[1]):
     mem = r.get("trainer/agent_peak_reserved_gib")
     fed, reused = r.get("trainer/sampler_prefill_tokens"), r.get("trainer/sampler_prefix_tokens_reused") or 0
     reuse = f" reuse {reused / (fed + reused):.0%}" if fed else ""
+    fb, refresh = r.get("trainer/seconds_forward_backward"), r.get("trainer/seconds_refresh")
+    train = f" train {fb:.0f}s+refresh {refresh:.0f}s" if fb is not None and refresh is not None else ""
     print(f"step {r.get('step')} {r.get('seconds') or 0:.0f}s reward {r.get('reward_mean') or 0:+.3f} "
           f"valid {r.get('valid_rate') or 0:.2f} "
-          f"agent {mem if mem is None else round(mem, 1)} GiB{reuse} {fam}")
+          f"agent {mem if mem is None else round(mem, 1)} GiB{reuse}{train} {fam}")
 PY
 done
 ls "$R"/arc-*.log > /dev/null 2>&1 && grep -hv Warning "$R"/arc-*.log | tail -n 2 | cut -c1-300

@@ -114,6 +114,8 @@ def test_train_step_moves_weights_towards_the_better_episode(backend: LocalBacke
     # The sampler's figures since the last step: the two sampled turns at least, and nothing since this one.
     assert stats.extra["sampler_generated_tokens"] >= stats.tokens and stats.extra["sampler_prefill_tokens"] > 0
     assert set(backend.sampler_counts().values()) == {0.0}
+    parts = [stats.extra[k] for k in ("seconds_forward_backward", "seconds_optimizer", "seconds_refresh")]
+    assert min(parts) >= 0 and parts[0] > 0 and sum(parts) <= stats.seconds  # where the step's seconds went
     after_weights = backend.adapter_state()
     assert any(not torch.equal(before_weights[k], after_weights[k]) for k in before_weights)
     assert logp(good) - logp(bad) > before  # the better episode's tokens became relatively likelier

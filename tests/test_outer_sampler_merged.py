@@ -10,7 +10,8 @@ import pytest
 import torch
 from test_outer_loss import sampled_turns
 
-from ait.outer.backends.local import LocalBackend, LoraMerge
+from ait.outer.backends.local import LocalBackend
+from ait.outer.backends.lora_merge import LoraMerge
 from ait.outer.backends.loss import completion_logprobs
 from ait.outer.config import OuterConfig
 from ait.outer.types import Trajectory, TrajectoryGroup

@@ -14,16 +14,7 @@ weight of the sampling model as base weight + delta, and copies any other traina
 lock); from then on every new turn samples the new weights. The cost is one more copy of the
 base weights in memory (1 GB for a 0.5B model in bf16), as for an unmerged copy.
 
-Why merged: a decode step of the unmerged peft model runs each adapted linear layer plus its
-LoRA path (three more kernels, with dtype casts); merged, it is one matmul per layer, the
-plain model's decode. The distribution is the same up to rounding: in fp32 (CPU) the two agree
-to float precision; in bf16 the merged weight is the nearest bf16 value of W + delta, so a
-delta entry under half a bf16 step of its W entry does not show. The unmerged bf16 forward
-rounds the LoRA path's contribution into its bf16 output instead and loses about as much of a
-tiny delta: on a random 896-wide model the two bf16 forwards differed by a KL of ~2e-5 per
-token, as much as either differs from fp32. Either way the recorded logprobs are those of the
-distribution actually sampled (the sampling model's), so the importance ratio stays exact and
-`kl_sample_train` measures the sampler/trainer mismatch.
+Why merged: see ait.outer.backends.lora_merge.
 
 An episode's turns may straddle a refresh; each turn's logprobs are recorded at sampling time,
 so the importance ratio stays exact, and the episode's `policy_version` (its staleness) is the
@@ -45,7 +36,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import time
 from itertools import count
 from pathlib import Path
@@ -56,6 +46,7 @@ from ait.outer.backends.loss import (
     importance_sampling_backward,
     nll_loss,
 )
+from ait.outer.backends.lora_merge import LoraMerge
 from ait.outer.backends.sequences import completion_tokens, merge_turns
 from ait.outer.checkpoint import CheckpointError, read_backend_record
 from ait.outer.config import OuterConfig
@@ -65,99 +56,12 @@ from ait.outer.types import StepStats, TrajectoryGroup
 ADAPTER_DIR = "adapter"
 ADAPTER_FILE = "adapter_model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
-_MODULES_TO_SAVE = re.compile(r"\.modules_to_save\.[^.]+(?=\.)")
 
 
 def default_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-class LoraMerge:
-    """Keeps `plain`, a copy of a peft model's base model taken before peft wrapped it, equal to
-    base + the active adapters merged in; `merge()` (or calling it) rewrites it in place.
-
-    Every LoRA layer of the peft model has a twin module at the same path in `plain`; its weight
-    becomes the peft layer's base weight + get_delta_weight(adapter) for each active adapter
-    (and its bias the base bias + the LoRA bias, with lora_bias). Every other trainable tensor
-    (a modules_to_save copy, say) is copied to the `plain` parameter of the same name. Only the
-    tensors' contents change (`copy_` / `add_`), never their identity. A target weight that
-    `plain` shares with another module (lm_head tied to the embeddings) is untied first, so the
-    merge changes that module only, as the adapter does. LoRA variants whose merge is not a
-    plain delta (DoRA and the like) are refused."""
-
-    def __init__(self, peft_model: Any, plain: Any):
-        import torch
-        from peft.tuners.lora import LoraLayer
-
-        self.plain = plain
-        inner = peft_model.get_base_model()
-        modules = dict(plain.named_modules())
-        users: dict[int, int] = {}
-        for _, module in plain.named_modules(remove_duplicate=False):
-            for _, q in module.named_parameters(recurse=False, remove_duplicate=False):
-                users[id(q)] = users.get(id(q), 0) + 1
-
-        def own(module: Any, attr: str) -> None:
-            """A parameter of `plain` that the merge will change: untied from any other module."""
-            q = getattr(module, attr)
-            if users.get(id(q), 0) > 1:
-                setattr(module, attr, torch.nn.Parameter(q.detach().clone(), requires_grad=False))
-
-        self.merges: list[tuple[Any, Any]] = []  # (plain module, peft LoRA layer)
-        covered: set[int] = set()
-        for name, layer in inner.named_modules():
-            if not isinstance(layer, LoraLayer):
-                continue
-            if getattr(layer, "lora_variant", None) or any(getattr(layer, "use_dora", {}).values()):
-                raise NotImplementedError(f"{name}: a LoRA variant (DoRA, ...) cannot be merged into the "
-                                          "sampling model")
-            twin, base = modules.get(name), layer.get_base_layer()
-            if twin is None or type(twin) is not type(base) or twin.weight.shape != base.weight.shape:
-                raise ValueError(f"the sampling model has no layer matching the LoRA layer {name}")
-            own(twin, "weight")
-            if getattr(twin, "bias", None) is not None:
-                own(twin, "bias")
-            self.merges.append((twin, layer))
-            covered.update(id(q) for q in layer.parameters())
-        params = dict(plain.named_parameters())
-        self.copies: list[tuple[Any, str, Any]] = []  # (plain module, attribute, source tensor)
-        for name, q in inner.named_parameters():
-            if not q.requires_grad or id(q) in covered:
-                continue
-            key = _MODULES_TO_SAVE.sub("", name)
-            if key not in params or params[key].shape != q.shape:
-                raise NotImplementedError(f"trainable tensor {name} has no counterpart in the sampling model")
-            owner, _, attr = key.rpartition(".")
-            module = modules[owner]
-            own(module, attr)
-            self.copies.append((module, attr, q))
-
-    def merge(self, model: Any = None) -> None:
-        import torch
-
-        if model is not None and model is not self.plain:
-            raise ValueError("LoraMerge updates the model it was built for")
-        with torch.no_grad():
-            for twin, layer in self.merges:
-                base = layer.get_base_layer()
-                twin.weight.copy_(base.weight)
-                if getattr(base, "bias", None) is not None:
-                    twin.bias.copy_(base.bias)
-                if layer.merged or layer.disable_adapters:  # merged: the base weight holds the delta already
-                    continue
-                for adapter in layer.active_adapters:
-                    if adapter in layer.lora_A:
-                        twin.weight.add_(layer.get_delta_weight(adapter))
-                        if getattr(layer, "lora_bias", {}).get(adapter):
-                            twin.bias.add_(layer.lora_B[adapter].bias * layer.scaling[adapter])
-                    elif adapter in layer.lora_embedding_A:
-                        twin.weight.add_(layer.get_delta_weight(adapter))
-            for module, attr, source in self.copies:
-                getattr(module, attr).copy_(source)
-
-    __call__ = merge
 
 
 class LocalBackend:
@@ -241,6 +145,7 @@ class LocalBackend:
                              extra={"skipped": 1.0, "active_tokens": 0.0, "forward_tokens": 0.0, **counts,
                                     **self.gpu_memory_peaks()})
         self.model.train()
+        t_backward = time.monotonic()
         try:
             loss_total, drift, drift_n = importance_sampling_backward(self.model, active, tokens,
                                                                       self.config.policy.temperature)
@@ -252,18 +157,23 @@ class LocalBackend:
                                "for it ([outer] agent_gpu_gib, the cap on this process): raise agent_gpu_gib (and "
                                "lower jobs_per_gpu to match), or lower [policy] max_context or sample_batch_size"
                                ) from e
+        t_optimizer = time.monotonic()
         grad_norm = torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.config.trainer.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
+        t_refresh = time.monotonic()
         self.refresh_sampler(self.step + 1)  # new weights reach the sampler before the new version is visible
+        # Where the step's seconds went: the refresh includes waiting for the replies being generated to end.
+        seconds = {"seconds_forward_backward": t_optimizer - t_backward, "seconds_optimizer": t_refresh - t_optimizer,
+                   "seconds_refresh": time.monotonic() - t_refresh}
         self.step += 1
         return StepStats(step=self.step, loss=loss_total, tokens=tokens, datums=len(batch),
                          seconds=time.monotonic() - t0,
                          extra={"grad_norm": float(grad_norm), "active_tokens": float(drift_n),
                                 "kl_sample_train": drift / max(drift_n, 1),
                                 "forward_tokens": float(sum(len(seq.tokens) for seq, _ in active)), **counts,
-                                **self.gpu_memory_peaks(), **self.sampler_counts()})
+                                **seconds, **self.gpu_memory_peaks(), **self.sampler_counts()})
 
     def sampler_counts(self) -> dict[str, float]:
         """The sampler's prompt tokens prefilled and served from stored prefixes since the last step."""
