@@ -414,6 +414,18 @@ def test_seconds_by_phase_table_and_bad_phases(tmp_path) -> None:
     assert section.count("<tr>") == 1 + 2
     assert section.index("<th>wait_groups</th>") < section.index("<th>train_step</th>")
     assert "<td>1</td><td>300 s</td><td>0 s</td><td>250 s</td><td>40 s</td><td>0 s</td>" in section
+    assert "train: sampler refresh" not in section and "reused" not in section  # rows without them
+    rows[0].update({"trainer/seconds_forward_backward": 30.2, "trainer/seconds_refresh": 9.6,
+                    "trainer/sampler_prefill_tokens": 100.0, "trainer/sampler_prefix_tokens_reused": 300.0})
+    rows[1].update({"trainer/seconds_forward_backward": "slow", "trainer/sampler_prefill_tokens": 0.0})
+    html = render_html(tmp_path / "run", rows, summarize(rows), [], [])
+    section = html[html.index("<h2>Seconds by phase</h2>"):html.index("<h2>Per step</h2>")]
+    heads = ["<th>heldout</th>", "<th>train: forward+backward</th>", "<th>train: sampler refresh</th>",
+             "<th>prompt tokens reused</th>"]
+    assert [section.index(h) for h in heads] == sorted(section.index(h) for h in heads)
+    assert "train: optimizer" not in section  # no row has it
+    assert "<td>40 s</td><td>0 s</td><td>30 s</td><td>10 s</td><td>75%</td></tr>" in section
+    assert "<td>41 s</td><td>0 s</td><td>–</td><td>–</td><td>–</td></tr>" in section  # not a number: shown as –
     del rows[0]["seconds_by_phase"], rows[1]["seconds_by_phase"]
     assert "Seconds by phase" not in render_html(tmp_path / "run", rows, summarize(rows), [], [])
     write(tmp_path / "bad", [json.dumps({"step": 1, "seconds_by_phase": {"train_step": "slow"}})])

@@ -118,6 +118,18 @@ def family_table(rows: list[dict[str, Any]]) -> list[str]:
     return parts
 
 
+STEP_SPLITS = [("train: forward+backward", "trainer/seconds_forward_backward"),
+               ("train: optimizer", "trainer/seconds_optimizer"),
+               ("train: sampler refresh", "trainer/seconds_refresh")]
+PREFILLED, REUSED = "trainer/sampler_prefill_tokens", "trainer/sampler_prefix_tokens_reused"
+
+
+def number(value: Any) -> float | None:
+    """A finite number from a row's unchecked key, else None (shown as –)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf")
+    return float(value) if ok else None
+
+
 def phase_table(rows: list[dict[str, Any]]) -> list[str]:
     """Each step's seconds split by the loop's phases (seconds_by_phase: waiting for the groups' episodes,
     the agent's training step, held-out, the previous bundle). Nothing for runs from before the key."""
@@ -125,12 +137,22 @@ def phase_table(rows: list[dict[str, Any]]) -> list[str]:
     if not timed:
         return []
     names = list(dict.fromkeys(k for r in timed for k in r["seconds_by_phase"]))
+    # The agent's training step by part, and the sampler's prompt tokens served from stored prefixes, where
+    # the rows carry them (the local backend's, since 2026-12-07).
+    splits = [(label, key) for label, key in STEP_SPLITS if any(number(r.get(key)) is not None for r in timed)]
+    reuse = any(number(r.get(PREFILLED)) for r in timed)
     parts = ["<h2>Seconds by phase</h2><p class='muted'>where each step's wall time went; "
              "bench/episode_phases.py splits the episodes' own time (sampling, probes, jobs, their queue)</p>"
-             "<table><tr><th>step</th><th>seconds</th>", *(f"<th>{escape(n)}</th>" for n in names), "</tr>"]
+             "<table><tr><th>step</th><th>seconds</th>", *(f"<th>{escape(n)}</th>" for n in names),
+             *(f"<th>{escape(label)}</th>" for label, _ in splits), "<th>prompt tokens reused</th>" if reuse else "",
+             "</tr>"]
     for r in timed:
         cells = [fmt(r.get("step"), "step"), fmt(r.get("seconds"), "seconds"),
-                 *(fmt(r["seconds_by_phase"].get(n), "seconds") for n in names)]
+                 *(fmt(r["seconds_by_phase"].get(n), "seconds") for n in names),
+                 *(fmt(number(r.get(key)), "seconds") for _, key in splits)]
+        if reuse:
+            fed, reused = number(r.get(PREFILLED)), number(r.get(REUSED)) or 0.0
+            cells.append(f"{reused / (fed + reused):.0%}" if fed else "–")
         parts.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
     parts.append("</table>")
     return parts
