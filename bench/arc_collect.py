@@ -11,7 +11,8 @@ bundle.tar.part-* (the newest checkpoint bundle) and, once, step0.tar.part-* (th
   whose limit is 64 MiB, and a bundle may be 64 MiB itself.
 - What is committed instead, under OUT/MACHINE/: each arc run's metrics.jsonl and manifest.json, a summary
   of every finished episode (episodes.jsonl: family, stop reason, reward terms, the job it chose),
-  progress.log, gpu.txt and fingerprints.json (the hidden sets by fingerprint, never the secret); and
+  progress.log, gpu.txt, gpu-monitor.csv and fingerprints.json (the hidden sets by fingerprint, never the
+  secret); and
   OUT/bundle.json: the step and each piece's size and sha256, which the next machine's pieces must match.
 
 It reads a results.tgz cut short (a poll that ran out of time) as far as it goes.
@@ -27,7 +28,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-KEEP = ("progress.log", "gpu.txt", "fingerprints.json")
+KEEP = ("progress.log", "gpu.txt", "fingerprints.json", "gpu-monitor.csv")  # the monitor: memory and load over time
 RUN_FILES = ("metrics.jsonl", "manifest.json", "costs.jsonl")
 MAX_MEMBER = 5 * 2**20  # a summary file larger than this is not a summary
 

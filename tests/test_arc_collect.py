@@ -47,7 +47,7 @@ EPISODE = {"run_id": "g00000-0-ledger-bddd", "task_id": "ledger", "stop_reason":
 
 def results(folder: Path, cut: int | None = None) -> None:
     data = tar_bytes({"./progress.log": b"07:42 stage arc start\n", "./noise.bin": bytes(range(256)) * 64 + __import__("os").urandom(20000),
-                      "./fingerprints.json": b"{}",
+                      "./fingerprints.json": b"{}", "./gpu-monitor.csv": b"timestamp, utilization.gpu [%]\n",
                       "./arc/metrics.jsonl": b'{"step": 1}\n', "./arc/manifest.json": b"{}",
                       "./arc/episodes/g00000-0-ledger-bddd/episode.json": json.dumps(EPISODE).encode(),
                       "./arc/episodes/g00000-0-ledger-bddd/trajectory.jsonl": b"transcript\n"}, gz=True)
@@ -69,6 +69,7 @@ def test_it_keeps_the_pieces_aside_and_commits_only_summaries(tmp_path):
     assert record["pieces"][0]["sha256"] == collect.sha256(made[0])
     kept = out / "m1"
     assert (kept / "arc-metrics.jsonl").read_text() == '{"step": 1}\n' and (kept / "progress.log").is_file()
+    assert (kept / "gpu-monitor.csv").is_file() and not (kept / "noise.bin").exists()
     [row] = [json.loads(line) for line in (kept / "episodes.jsonl").read_text().splitlines()]
     assert row["family"] == "ledger" and row["choice"]["base_model"] == "smollm2-135m"
     assert row["choice"]["learning_rate"] == 1e-6 and row["reward"]["job_quality"] == -0.04
