@@ -7,8 +7,9 @@ bundle.tar.part-* (the newest checkpoint bundle) and, once, step0.tar.part-* (th
 
 - The bundle pieces go to the git-ignored ARC/bundle/ (the newest step replaces an older one, never the
   reverse), the warm start's to ARC/step0/. They are what the next machine resumes from and what the
-  arc's end compares with. They are not committed: every tracked file travels with every device call,
-  whose limit is 64 MiB, and a bundle may be 64 MiB itself.
+  arc's end compares with. They are not left in the tree: every tracked file travels with every device
+  call, whose limit is 64 MiB, and a bundle may be 64 MiB itself. `python bench/arc_keep.py save` keeps
+  them in git history instead (a new checkout has no ARC/; `restore` brings them back).
 - What is committed instead, under OUT/MACHINE/: each arc run's metrics.jsonl and manifest.json, a summary
   of every finished episode (episodes.jsonl: family, stop reason, reward terms, the job it chose),
   progress.log, gpu.txt, gpu-monitor.csv and fingerprints.json (the hidden sets by fingerprint, never the
