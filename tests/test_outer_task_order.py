@@ -127,7 +127,7 @@ def test_each_group_prefetches_its_tasks_baselines_off_the_sampling_threads(tmp_
     own (the agent's episodes need not wait for it); a prefetch that fails does not fail the group."""
     import threading
 
-    from ait.outer import loop
+    from ait.outer import prefetch as loop
 
     monkeypatch.setattr(rollouts, "play", instant_play)
     seen = []
@@ -154,3 +154,40 @@ def test_each_group_prefetches_its_tasks_baselines_off_the_sampling_threads(tmp_
     loop.baseline_prefetch(EpisodeConfig())(spec)
     assert calls == [(spec.id, 50), (spec.id, spec.hidden_eval_size)]
     assert OuterConfig().prefetch_baselines is False
+
+
+def test_every_tasks_baselines_are_prefetched_in_group_order_while_the_run_starts(tmp_path: Path, monkeypatch) -> None:
+    """A fresh machine has no baselines: the run measures every task's before its first groups need them,
+    on a thread of its own, beside the warm start (a new run) or the policy's load (a resumed one), in the
+    order the groups will come from the run's next slot; one task's failure does not stop the others."""
+    import threading
+
+    from ait.outer import loop, prefetch
+
+    seen, order = [], []
+
+    def measure(spec):
+        seen.append((spec.id, threading.current_thread().name))
+        if len(seen) == 1:
+            raise RuntimeError("the baseline eval ran out of memory")
+
+    monkeypatch.setattr(prefetch, "baseline_prefetch", lambda episode: measure)
+    said = []
+    config = OuterConfig(tasks=[str(p) for p in TASKS], prefetch_baselines=True, seed=3)
+    prefetch.prefetch_every_task(config, TASKS, first_slot=7, say=said.append).join(timeout=30)
+    cycle = family_cycle(TASKS, seed=3)
+    drawn = [round_robin_task(cycle, slot)[0].id for slot in range(7, 7 + 5 * 3)]  # calc_chain has 3 tasks
+    want = list(dict.fromkeys(drawn))                     # every training task once, in the order groups draw them
+    assert [task for task, _ in seen] == want and len(want) == sum(len(f) for f in cycle) == 7
+    assert seen[0][0] == round_robin_task(cycle, 7)[0].id  # the next group's task first
+    assert {name for _, name in seen} == {"ait-prefetch-all"}
+    assert any("failed: the baseline eval ran out of memory" in m for m in said) and "ready" in said[-1]
+
+    # The run starts it before the warm start (new run) and before loading the policy (resume).
+    monkeypatch.setattr(loop, "prefetch_every_task", lambda cfg, paths, first_slot, say: order.append(("prefetch", first_slot)))
+    monkeypatch.setattr(loop, "with_warm_start", lambda cfg, paths: order.append(("warm start",)) or cfg)
+    monkeypatch.setattr(loop, "job_executor", lambda cfg, say: (_ for _ in ()).throw(RuntimeError("stop here")))
+    cfg = config.model_copy(update={"warmstart": config.warmstart.model_copy(update={"steps": 2})})
+    with pytest.raises(RuntimeError, match="stop here"):
+        loop.open_run(cfg, tmp_path / "run", resume=False, say=lambda m: None)
+    assert order == [("prefetch", 0), ("warm start",)]

@@ -44,6 +44,7 @@ from ait.outer.backends import make_backend
 from ait.outer.config import OuterConfig
 from ait.outer.heldout import evaluate_heldout, heldout_transfer, restore_start, results_path, start_for_bundle
 from ait.outer.metrics import Episode, MetricsLog, step_metrics
+from ait.outer.prefetch import baseline_prefetch, prefetch_every_task
 from ait.outer.rollouts import GroupSampler
 from ait.outer.tasks import training_tasks
 from ait.outer.types import TrainerBackend
@@ -192,10 +193,14 @@ def open_run(config: OuterConfig, run_dir: str | Path | None, resume: bool, say:
     task_paths = resolve_tasks(config.tasks)
     heldout_paths = resolve_tasks(config.heldout_tasks) if config.heldout_every else []
     torch.manual_seed(config.seed)
+    if config.prefetch_baselines and not resume:
+        prefetch_every_task(config, task_paths, first_slot=0, say=say)  # beside the warm start
     if config.warmstart.steps and not resume and not config.policy.init_checkpoint:
         say(f"warm start: {config.warmstart.steps} supervised steps on reference transcripts")
         config = with_warm_start(config, task_paths)
     state = start_run(run_dir, config, resume)
+    if config.prefetch_baselines and resume:
+        prefetch_every_task(config, task_paths, first_slot=state.step * config.groups_per_step, say=say)  # beside the load
     # Built before the policy: on Ray the agent's GPU share is placed first and fixes its device.
     executor, config = job_executor(config, say)
     try:
@@ -316,16 +321,6 @@ def episode_config(config: OuterConfig, run_dir: Path, carried_usd: float = 0.0)
         # (a 64 GB disk); the loop reads only each job's scores.
         update["keep_checkpoints"] = False
     return config.episode.model_copy(update=update)
-
-
-def baseline_prefetch(episode: EpisodeConfig) -> Callable[[TaskSpec], Any]:
-    """The sampler's prefetch: a task's missing baselines measured on the hidden set its episodes' jobs are
-    scored on (the eval size they run with), into the store the episodes read."""
-    from ait.evals.baselines import BaselineStore
-    from ait.evals.best_pre import best_pre
-
-    store = BaselineStore()
-    return lambda spec: best_pre(spec, episode.eval_size or spec.hidden_eval_size, store)
 
 
 def job_executor(config: OuterConfig, say: Callable[[str], None] = lambda _m: None) -> tuple[Executor, OuterConfig]:
