@@ -28,6 +28,7 @@ def report(run_dir: Path = typer.Argument(..., metavar="RUN_DIR",
     embedded, opens offline) plus the PNGs beside it; a chart with no data is replaced by one line
     saying why. Nothing is written into RUN_DIR unless --out points there."""
     from ait.report import MetricsError, ReportError, write_report
+    from ait.report.goal import goal_line
 
     warnings: list[str] = []
     try:
@@ -44,6 +45,8 @@ def report(run_dir: Path = typer.Argument(..., metavar="RUN_DIR",
                   f"(best {_f(summary['reward_best'])}) · ${summary['usd_total'] or 0:,.2f}", highlight=False)
     if summary["family_rows"]:
         console.print(family_table(summary["family_rows"]))
+    if line := goal_line(summary.get("goal")):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     console.print(f"report: {path}", highlight=False, markup=False, soft_wrap=True)
 
 

@@ -9,6 +9,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from ait.report.goal import goal_line
 from ait.report.metrics import choices_label
 from ait.report.plots import Plot
 
@@ -91,6 +92,7 @@ def render_html(run_dir: Path, rows: list[dict[str, Any]], summary: dict[str, An
         parts.append(f"<figure><img alt='{escape(plot.title)}' src='data:image/png;base64,{data}'>"
                      f"<figcaption>{escape(caption)}</figcaption></figure>")
     parts += family_table(summary.get("family_rows") or [])
+    parts += goal_table(summary.get("goal"))
     parts += phase_table(rows)
     parts.append("<h2>Per step</h2><details><summary>every row of metrics.jsonl</summary><table><tr>")
     parts += [f"<th>{escape(c)}</th>" for c in STEP_COLUMNS]
@@ -114,6 +116,24 @@ def family_table(rows: list[dict[str, Any]]) -> list[str]:
         cells = [escape(str(row[k])) if k == "family" else escape(fmt(row.get(k), k)) for k, _ in FAMILY_COLUMNS]
         choices = choices_label(row)
         parts.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + f"<td>{escape(choices)}</td></tr>")
+    parts.append("</table>")
+    return parts
+
+
+def goal_table(goal: dict[str, Any] | None) -> list[str]:
+    """The last steps' job quality against the first steps', per family and matched (ait.report.goal);
+    nothing before the run has two windows of steps."""
+    if goal is None:
+        return []
+    parts = [f"<h2>Last {goal['window']} steps against the first {goal['window']}</h2>",
+             f"<p>{escape(goal_line(goal) or '')}</p>",
+             "<p class='muted'>steps " + escape(", ".join(str(s) for s in goal["early_steps"])) + " against "
+             + escape(", ".join(str(s) for s in goal["late_steps"])) + "; each family's episodes in both windows, "
+             "2 SE from their spread</p><table><tr><th>family</th><th>first: n</th><th>first: job quality</th>"
+             "<th>last: n</th><th>last: job quality</th><th>difference ± 2 SE</th></tr>"]
+    for family, f in goal["families"].items():
+        parts.append(f"<tr><td>{escape(family)}</td><td>{f['early_n']:.0f}</td><td>{f['early_mean']:+.3f}</td>"
+                     f"<td>{f['late_n']:.0f}</td><td>{f['late_mean']:+.3f}</td><td>{f['diff']:+.3f} ± {f['se2']:.3f}</td></tr>")
     parts.append("</table>")
     return parts
 

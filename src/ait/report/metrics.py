@@ -12,6 +12,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ait.report.goal import arc_goal
+
 METRICS_FILE = "metrics.jsonl"
 
 NUMBER_KEYS = ("step", "time", "seconds", "reward_mean", "reward_std", "validation", "job_quality", "speed",
@@ -207,4 +209,5 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "base_model_share_last": shares[-1] if shares else None,
         "stop_share_last": stops[-1] if stops else None,
         "family_rows": family_rows(rows),
+        "goal": arc_goal(rows),  # the last steps' job quality against the first steps', family-matched
     }
