@@ -86,7 +86,8 @@ def test_a_step_without_jobs_has_empty_shares_and_null_means() -> None:
     assert row["post_mean"] is None and row["uplift_mean"] is None and row["reward_std"] == 0.0
     assert "heldout_reward" not in row
     assert row["families"] == {"calc_chain": {"episodes": 2, "valid_rate": 0.0, "job_quality_mean": 0.0,
-                                              "job_quality_std": 0.0, "configs": [], "distinct_configs": 0,
+                                              "job_quality_std": 0.0, "finished": 0, "job_quality_finished_mean": None,
+                                              "job_quality_finished_std": None, "configs": [], "distinct_configs": 0,
                                               "shaped_share": None, "variants": {}}}
 
 
@@ -114,6 +115,9 @@ def test_per_family_figures() -> None:
     assert led["job_quality_mean"] == pytest.approx(0.3)
     # population std of (0.2, 0.6, 0.4, 0.0): sqrt(0.05); the sample std would be sqrt(0.2 / 3)
     assert led["job_quality_std"] == pytest.approx(0.05 ** 0.5)
+    # the three finished jobs alone (0.2, 0.6, 0.4): the invalid episode's 0 left out
+    assert led["finished"] == 3 and led["job_quality_finished_mean"] == pytest.approx(0.4)
+    assert led["job_quality_finished_std"] == pytest.approx((0.08 / 3) ** 0.5)
     assert led["distinct_configs"] == 2
     # partial credit on (0.1), off (weight 0: one reward left), three rewards on: two of three jobs shaped
     assert led["shaped_share"] == pytest.approx(2 / 3)
@@ -124,6 +128,7 @@ def test_per_family_figures() -> None:
     assert led["configs"] == [{"base_model": "tiny", "learning_rate": 1e-5, "max_steps": 1, "count": 2},
                               {"base_model": "Qwen/Qwen3-0.6B", "learning_rate": 3e-6, "max_steps": 50, "count": 1}]
     assert dis == {"episodes": 2, "valid_rate": 1.0, "job_quality_mean": pytest.approx(0.3), "job_quality_std": 0.0,
+                   "finished": 2, "job_quality_finished_mean": pytest.approx(0.3), "job_quality_finished_std": 0.0,
                    "configs": [{"base_model": "tiny", "learning_rate": 1e-5, "max_steps": 1, "count": 2}],
                    "distinct_configs": 1, "shaped_share": None, "variants": {"model=tiny+lr_1e-5+steps=1+gens=2": 2}}
     assert row["valid_rate"] == pytest.approx(5 / 6)  # the step's own keys are unchanged

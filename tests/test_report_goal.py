@@ -12,14 +12,34 @@ from ait.report.goal import arc_goal, goal_line
 from ait.report.metrics import summarize
 
 
-def row(step: int, episodes: dict[str, list[float]], valid: float = 0.5) -> dict:
-    """A metrics row whose per-family figures are those of the given episodes' job quality."""
-    n = sum(len(v) for v in episodes.values())
-    every = [q for v in episodes.values() for q in v]
-    return {"step": step, "episodes": n, "valid_rate": valid, "reward_mean": statistics.fmean(every),
-            "reward_std": statistics.pstdev(every),
-            "families": {f: {"episodes": len(v), "job_quality_mean": statistics.fmean(v),
-                             "job_quality_std": statistics.pstdev(v)} for f, v in episodes.items()}}
+def row(step: int, episodes: dict[str, list[float]], valid: float = 0.5,
+        unfinished: dict[str, int] | None = None) -> dict:
+    """A metrics row whose per-family figures are those of the given episodes' job quality (finished jobs),
+    plus `unfinished` episodes per family (no job finished: job quality 0)."""
+    every = {f: v + [0.0] * (unfinished or {}).get(f, 0) for f, v in episodes.items()}
+    flat = [q for v in every.values() for q in v]
+    return {"step": step, "episodes": len(flat), "valid_rate": valid, "reward_mean": statistics.fmean(flat),
+            "reward_std": statistics.pstdev(flat),
+            "families": {f: {"episodes": len(every[f]), "job_quality_mean": statistics.fmean(every[f]),
+                             "job_quality_std": statistics.pstdev(every[f]), "finished": len(v),
+                             "job_quality_finished_mean": statistics.fmean(v),
+                             "job_quality_finished_std": statistics.pstdev(v)} for f, v in episodes.items()}}
+
+
+def test_more_valid_jobs_below_best_pre_are_not_worse_jobs() -> None:
+    """Every finished job scores -0.3 (below best_pre) throughout; the valid rate rises. Over all episodes
+    (the unfinished at 0) the mean falls beyond noise; over the finished jobs, which the goal reads, nothing
+    changed. Rows without the finished figures fall back to all episodes and say so."""
+    jobs = [-0.3, -0.32, -0.28, -0.3]
+    rows = [row(s, {"a": jobs}, unfinished={"a": 8 if s <= 3 else 0}) for s in range(1, 7)]
+    goal = arc_goal(rows)
+    assert goal["episodes"] == "finished jobs" and goal["verdict"] == "within noise"
+    assert goal["matched_diff"] == pytest.approx(0.0, abs=1e-9) and goal["early_n"] == goal["late_n"] == 12
+    old = [{**r, "families": {f: {k: v for k, v in x.items() if "finished" not in k} for f, x in r["families"].items()}}
+           for r in rows]
+    fallback = arc_goal(old)
+    assert fallback["episodes"] == "all episodes" and fallback["verdict"] == "below, beyond noise"
+    assert "all episodes" in goal_line(fallback)
 
 
 def test_the_matched_difference_is_what_the_episodes_give() -> None:

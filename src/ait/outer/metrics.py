@@ -66,6 +66,11 @@ FAMILY_KEYS: dict[str, str] = {
     "job_quality_std": "population standard deviation (divided by n, as reward_std) of that term over them, 0 "
                        "for one episode: with round robin the family has one group a step, so this is the "
                        "within-group spread its advantages are made of",
+    "finished": "those of them whose job finished and was scored (a post score)",
+    "job_quality_finished_mean": "mean of the job-quality term over those alone (null for none): invalid "
+                                 "episodes score 0 there, so where every job stays below best_pre more valid jobs "
+                                 "lower job_quality_mean, and this is what says whether the jobs got better",
+    "job_quality_finished_std": "population standard deviation of that term over those alone (null for none)",
     "configs": "[{base_model, learning_rate, max_steps, count}] over the jobs they ran (every job of an episode "
                "with max_jobs > 1), most used first",
     "distinct_configs": "distinct (base_model, learning_rate, max_steps) triples among those jobs",
@@ -183,6 +188,7 @@ def family_figures(episodes: list[Episode]) -> dict[str, dict[str, Any]]:
     for family in sorted(by_family):
         results = by_family[family]
         quality = [r.reward.job_quality for r in results]
+        finished = [r.reward.job_quality for r in results if r.reward.post is not None]
         triples = Counter((c.job.base_model, c.train.learning_rate, c.train.max_steps)
                           for r in results for c in jobs_configs(r))
         reports = [p for r in results for p in jobs_reports(r)]
@@ -193,6 +199,9 @@ def family_figures(episodes: list[Episode]) -> dict[str, dict[str, Any]]:
             "valid_rate": sum(r.reward.valid_attempt is not None for r in results) / len(results),
             "job_quality_mean": mean(quality),
             "job_quality_std": pstd(quality),
+            "finished": len(finished),
+            "job_quality_finished_mean": mean(finished),
+            "job_quality_finished_std": pstd(finished) if finished else None,
             "configs": [{"base_model": m, "learning_rate": lr, "max_steps": n, "count": k}
                         for (m, lr, n), k in sorted(triples.items(), key=lambda t: (-t[1], t[0]))],
             "distinct_configs": len(triples),

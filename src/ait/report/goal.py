@@ -8,6 +8,12 @@ episodes in both windows, its late mean less its early mean; the families weighe
 episodes' spread within each (family, window), read from each step's per-family rows (episodes, mean,
 population std). The pooled difference is given beside it for reference. Episodes of one group share a
 task and a policy, so 2 SE over episodes is the noise of the episodes, not of the policy's drift.
+
+Which episodes: those whose job finished, where the rows carry them (`job_quality_finished_*`, since
+2026-12-07). An episode without a finished job scores job quality 0, so where every job stays below the
+best untrained score (an H100's families but two) a rising valid rate alone lowers the mean over all
+episodes: the first arc's steps 1-3 against 6-8 read -0.066 that way, with its valid rate up 0.40. Older
+rows have only the mean over all episodes, which is then used and named.
 """
 
 from __future__ import annotations
@@ -18,12 +24,16 @@ from typing import Any
 WINDOW = 3
 
 
-def _moments(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
+ALL = ("episodes", "job_quality_mean", "job_quality_std")
+FINISHED = ("finished", "job_quality_finished_mean", "job_quality_finished_std")
+
+
+def _moments(rows: list[dict[str, Any]], keys: tuple[str, str, str]) -> dict[str, list[float]]:
     """family -> [n, sum of job_quality, sum of its squares] over the rows' per-family figures."""
     out: dict[str, list[float]] = {}
     for row in rows:
         for family, f in (row.get("families") or {}).items():
-            n, mu, sd = f.get("episodes"), f.get("job_quality_mean"), f.get("job_quality_std")
+            n, mu, sd = (f.get(k) for k in keys)
             if not n or mu is None or sd is None:
                 continue
             m = out.setdefault(family, [0.0, 0.0, 0.0])
@@ -55,7 +65,9 @@ def arc_goal(rows: list[dict[str, Any]], window: int = WINDOW) -> dict[str, Any]
     rows = [r for r in rows if r.get("families")]
     if len(rows) < 2 * window:
         return None
-    early, late = _moments(rows[:window]), _moments(rows[-window:])
+    picked = rows[:window] + rows[-window:]
+    keys = FINISHED if all(FINISHED[0] in f for r in picked for f in r["families"].values()) else ALL
+    early, late = _moments(rows[:window], keys), _moments(rows[-window:], keys)
     families: dict[str, dict[str, float]] = {}
     for family in sorted(set(early) & set(late)):
         (me, ve), (ml, vl) = _mean_var(early[family]), _mean_var(late[family])
@@ -74,7 +86,8 @@ def arc_goal(rows: list[dict[str, Any]], window: int = WINDOW) -> dict[str, Any]
 
     (ne, me, ve), (nl, ml, vl) = pooled(early), pooled(late)
     pooled_se2 = 2 * math.sqrt(ve / ne + vl / nl)
-    return {"window": window, "early_steps": [r["step"] for r in rows[:window]],
+    return {"window": window, "episodes": "finished jobs" if keys == FINISHED else "all episodes",
+            "early_steps": [r["step"] for r in rows[:window]],
             "late_steps": [r["step"] for r in rows[-window:]], "families": families,
             "matched_diff": diff, "matched_se2": se2, "verdict": _verdict(diff, se2),
             "early_n": ne, "early_mean": me, "late_n": nl, "late_mean": ml,
@@ -111,7 +124,7 @@ def goal_line(goal: dict[str, Any] | None) -> str | None:
         return None
     w = goal["window"]
     return (f"job quality, last {w} steps vs first {w} (family-matched, {len(goal['families'])} families, "
-            f"n={goal['late_n']:.0f} vs {goal['early_n']:.0f} episodes): {goal['matched_diff']:+.3f} ± "
+            f"{goal['episodes']}, n={goal['late_n']:.0f} vs {goal['early_n']:.0f}): {goal['matched_diff']:+.3f} ± "
             f"{goal['matched_se2']:.3f} (2 SE): {goal['verdict']}; pooled {goal['early_mean']:+.3f} → "
             f"{goal['late_mean']:+.3f} ({goal['pooled_diff']:+.3f} ± {goal['pooled_se2']:.3f})"
             + "".join(f"; {name} {c['early']:.3f} → {c['late']:.3f} ({c['diff']:+.3f} ± {c['se2']:.3f}: {c['verdict']})"

@@ -24,7 +24,7 @@ NUMBER_KEYS = ("step", "time", "seconds", "reward_mean", "reward_std", "validati
 SHARE_KEYS = ("base_model_share", "hparam_use", "stop_share", "seconds_by_phase")
 """Keys read as {name: number} (fractions; seconds for seconds_by_phase; null = missing)."""
 FAMILY_NUMBER_KEYS = ("episodes", "valid_rate", "job_quality_mean", "job_quality_std", "distinct_configs",
-                      "shaped_share")
+                      "shaped_share", "finished", "job_quality_finished_mean", "job_quality_finished_std")
 """Numbers of each family's object under `families` (ait.outer.metrics.FAMILY_KEYS); rows written before
 the key have no `families` and so no per-family rows."""
 
