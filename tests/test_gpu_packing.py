@@ -220,6 +220,35 @@ def test_the_estimate_covers_what_the_h200_measured_for_the_standard_job(tmp_pat
     assert packed < gib and 8 * packed <= ledger.capacity["0"]
 
 
+def test_the_lora_1_5b_variant_fits_an_80_gb_card_beside_the_agent_where_the_full_one_does_not(tmp_path):
+    """The arc on an H100 holds 36 GiB for its 1.5B agent (bench/gpu.sh): the full 1.5B job is refused there,
+    so string_pipeline, dispatch and ledger, whose best untrained score is the 1.5B's, had no job that could
+    beat it. Their lora_qwen15 job is admitted, beside a SmolLM2 job, at the arc's packed logit budget."""
+    import json
+    import tomllib
+
+    from ait.job.types import Job, JobConfig
+    from ait.policy.job_variants import variant_job
+
+    model = tmp_path / "qwen15"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+        "vocab_size": 151936, "torch_dtype": "bfloat16"}))
+    with open(model / "model.safetensors", "wb") as f:  # sparse: only its size is read
+        f.truncate(1_543_714_304 * 2)
+
+    def estimate(variant: str) -> float:
+        cfg = JobConfig.model_validate(tomllib.loads(variant_job("string_pipeline", variant)["job.toml"]))
+        job = Job(job_id=variant, run_dir=str(tmp_path), workspace=str(tmp_path), task_path="t.json", config=cfg,
+                  time_budget_s=300)
+        return estimate_job_gib(job, str(model), logit_budget=2**28)
+
+    left = GpuLedger({"0": 79.6}, reserved_gib=36.0).capacity["0"]  # an H100's 80 GB, 10% headroom, the agent's 36
+    assert estimate("model_qwen15") > left
+    assert estimate("lora_qwen15") + 10.7 <= left  # and a SmolLM2 job (10.7 GiB in the arc) beside it
+
+
 @pytest.mark.parametrize("estimate,reserved,refused", [
     (41.0, 46.0, True),    # a 1.5B job beside the 1.5B agent on an 80 GB card: more than is left
     (200.0, 46.0, True),   # more than the card: not run either (there is no telling it is the job's)

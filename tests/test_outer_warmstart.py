@@ -233,7 +233,10 @@ def test_the_variant_plan_alternates_recoveries_and_keeps_the_legacy_plan_at_zer
     assert sum(p for _, p, _, _ in plan) == len(plan) // 2  # every other transcript fixes a slip
     assert warm_start_plan(specs[:2], ["a", "b"], 0) == [(0, 0, "a", None), (0, 1, "b", None),
                                                          (1, 1, "a", None), (1, 0, "b", None)]
-    assert len(warm_start_plan(specs, None, 1)) == len(specs) + 2  # one knob each, plus the model variants
+    own_model = [n for n, v in VARIANTS.items() if v.base_model and not v.control]
+    assert len(own_model) == 3  # model_smollm2, model_qwen15, lora_qwen15
+    assert len(warm_start_plan(specs, None, 1)) == len(specs) + len(own_model)  # one knob each, plus the model variants
+    assert {v for *_, v in warm_start_plan(specs, None, 1)} >= set(own_model)
 
 
 def test_a_recovery_transcript_writes_its_variant(tmp_path: Path) -> None:

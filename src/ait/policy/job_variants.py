@@ -58,6 +58,13 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in [
     Variant("null_steps0", {"max_steps": 0}, control=True, knob="control"),
     Variant("model_smollm2", base_model="smollm2-135m", knob="base_model"),
     Variant("model_qwen15", base_model="qwen2.5-coder-1.5b", knob="base_model"),
+    # The 1.5B through a LoRA adapter (rank 16 on every linear layer, the base frozen in bf16): an estimated
+    # 23 GiB at peak against the full job's 46 (ait.compute.gpu_memory), so it fits an 80 GB card beside the
+    # outer loop's 36 GiB agent, where the full 1.5B job is refused. Its rate is ten times the reference
+    # job's (LoRA wants about 10x full fine-tuning's: Schulman et al., "LoRA Without Regret", 2025); not yet
+    # measured on the surface.
+    Variant("lora_qwen15", {"learning_rate": 1e-5, "lora": {"r": 16, "lora_alpha": 32}},
+            base_model="qwen2.5-coder-1.5b", knob="adapter"),
     Variant("lr_3e-7", {"learning_rate": 3e-7}, knob="learning_rate"),
     Variant("lr_3e-6", {"learning_rate": 3e-6}, knob="learning_rate"),
     Variant("lr_1e-5", {"learning_rate": 1e-5}, knob="learning_rate"),
@@ -129,6 +136,8 @@ def variant_job(family: str, variant: Variant | str, allowed: list[str] | None =
     lines = [f"# {family}: variant {variant.name} of the reference job (ait.policy.job_variants)",
              "[job]", f"base_model = {toml_value(model)}", "", "[train]"]
     lines += [f"{k} = {toml_value(v)}" for k, v in train.items() if not isinstance(v, dict)]
+    for table, values in ((k, v) for k, v in variant.train.items() if isinstance(v, dict)):  # [train.lora]
+        lines += ["", f"[train.{table}]", *(f"{k} = {toml_value(v)}" for k, v in values.items())]
     return {"job.toml": "\n".join(lines) + "\n", "env.py": variant_env(family, variant)}
 
 
@@ -191,12 +200,14 @@ def tiny_job(family: str, variant: Variant | str, constraints: Constraints | Non
                      else max(round(scaled), 1 if value else 0))
         train[key] = value
     train = within({**shipped, **train}, constraints)
-    changed = {k: v for k, v in train.items() if k in variant.train or v != shipped.get(k)}
+    changed = {k: v for k, v in train.items() if (k in variant.train or v != shipped.get(k)) and not isinstance(v, dict)}
     for key, value in changed.items():  # edit the shipped lines in place: its comments and order stay
         line = f"{key} = {toml_value(value)}"
         text, n = re.subn(rf"^{re.escape(key)}\s*=.*$", line, text, count=1, flags=re.MULTILINE)
         if n == 0:
             text = text.rstrip("\n") + f"\n{line}\n"  # [train] is the file's last table
+    for table, values in ((k, v) for k, v in variant.train.items() if isinstance(v, dict)):  # [train.lora]: last
+        text = text.rstrip("\n") + f"\n\n[train.{table}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in values.items())
     header = f"# {family}: variant {variant.name} of the tiny reference job (ait.policy.job_variants)\n"
     return {"job.toml": header + text, "env.py": env}
 
@@ -252,14 +263,22 @@ def variant_name(base_model: str, train: dict[str, Any], weights: list[float] | 
     turns none. A knob at a value no variant has is named by its value ("lr=2e-06"); `weights` (the
     job's REWARD_WEIGHTS, when known) name a partial credit weighed 0. The arc's per-family rows count
     the agent's jobs by it, so its choices read against docs/surface.md's cells."""
-    turned = []
-    if base_model != REFERENCE_MODEL:
-        named = [v.name for v in VARIANTS.values() if v.base_model == base_model]
-        turned.append(named[0] if named else f"model={base_model}")
+    turned, expected = [], REFERENCE_TRAIN
+    lora = train.get("lora")
+    if lora:  # an adapter variant names the model and the adapter; its own rate is the one not turned
+        named = [v for v in VARIANTS.values() if v.train.get("lora") and (v.base_model or REFERENCE_MODEL) == base_model]
+        if named and named[0].train["lora"].get("r") == lora.get("r"):
+            turned.append(named[0].name)
+            expected = {**REFERENCE_TRAIN, **named[0].train}
+        else:
+            turned += ([] if base_model == REFERENCE_MODEL else [f"model={base_model}"]) + [f"lora_r={lora.get('r', '?')}"]
+    elif base_model != REFERENCE_MODEL:
+        named = [v for v in VARIANTS.values() if v.base_model == base_model and not v.train.get("lora")]
+        turned.append(named[0].name if named else f"model={base_model}")
     for key, label in (("learning_rate", "lr"), ("max_steps", "steps"), ("num_generations", "gens"),
                        ("temperature", "temp"), ("loss_type", "loss")):
-        value = train.get(key, REFERENCE_TRAIN[key])
-        if value == REFERENCE_TRAIN[key]:
+        value = train.get(key, expected[key])
+        if value == expected[key]:
             continue
         named = [v.name for v in VARIANTS.values() if v.train.get(key) == value and not v.base_model]
         turned.append(named[0] if named else f"{label}={value:g}" if isinstance(value, float) else f"{label}={value}")
