@@ -147,7 +147,7 @@ stage_surface() {
   note "GPU memory ${gib:-?} MiB: the 1.5B cells run $([ "$side" = 1 ] && echo beside || echo after) the 0.5B cells"
   # 0.5B jobs peak near 16-20 GiB each (pack_measurements.json): 4 at once on 141 GB, 2 on 80 GB.
   local pack_a=${PACK_A:-$([ "${gib:-0}" -ge 100000 ] && echo 4 || echo 2)}
-  local a_variants=${VARIANTS:-$(python3 -c "from ait.policy.job_variants import VARIANTS; print(','.join(v for v in VARIANTS if v != 'model_qwen15'))")}
+  local a_variants=${VARIANTS:-$(python3 -c "from ait.policy.job_variants import VARIANTS; print(','.join(n for n, v in VARIANTS.items() if v.base_model != 'qwen2.5-coder-1.5b'))")}
   ( [ -z "${FAMILIES-x}" ] && exit 0  # FAMILIES= (empty): no 0.5B cells, only the 1.5B ones
     need qwen2.5-coder-0.5b
     surface_pass a "${FAMILIES:-calc_chain,dispatch,ledger,multi_hop,string_pipeline}" "$a_variants" "$pack_a" "${REPEAT:-reference:2}"
@@ -157,7 +157,7 @@ stage_surface() {
   [ "$side" = 1 ] || wait $a
   if [ -n "${B_FAMILIES-calc_chain,dispatch,ledger,multi_hop,string_pipeline}" ]; then
     need qwen2.5-coder-1.5b
-    surface_pass b "${B_FAMILIES-calc_chain,dispatch,ledger,multi_hop,string_pipeline}" "${B_VARIANTS:-model_qwen15}" "${B_PACK:-1}" ""
+    surface_pass b "${B_FAMILIES-calc_chain,dispatch,ledger,multi_hop,string_pipeline}" "${B_VARIANTS:-model_qwen15,lora_qwen15}" "${B_PACK:-1}" ""
     [ -z "${B2_FAMILIES:-}" ] || surface_pass b2 "$B2_FAMILIES" "${B2_VARIANTS:-model_qwen15+lr_3e-6}" "${B_PACK:-1}" ""
   fi
   wait $a 2>/dev/null
