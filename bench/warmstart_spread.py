@@ -32,7 +32,8 @@ from pathlib import Path
 from ait.configs import load_config
 from ait.outer.backends import make_backend
 from ait.outer.config import OuterConfig
-from ait.outer.loop import episode_config, job_executor, resolve_tasks
+from ait.outer.executors import job_executor
+from ait.outer.loop import episode_config, resolve_tasks
 from ait.outer.rollouts import play
 from ait.outer.spread import job_spread
 from ait.outer.tasks import training_tasks

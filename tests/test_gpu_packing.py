@@ -95,7 +95,7 @@ def test_memory_reserved_for_the_agent_is_left_out_of_admission():
 def test_the_outer_loop_pool_reserves_the_agents_share(monkeypatch):
     from ait.compute import local
     from ait.outer.config import OuterConfig
-    from ait.outer.loop import job_executor
+    from ait.outer.executors import job_executor
 
     monkeypatch.setattr(local, "detect_gpus", lambda: ["0"])
     monkeypatch.setattr("ait.compute.gpu_memory.gpu_total_gib", lambda index: 100.0)
@@ -108,7 +108,7 @@ def test_the_outer_loop_pool_reserves_the_agents_share(monkeypatch):
 def test_the_outer_loop_pool_admits_inner_jobs_by_their_models_measured_k(monkeypatch):
     from ait.compute import local
     from ait.outer.config import OuterConfig
-    from ait.outer.loop import job_executor
+    from ait.outer.executors import job_executor
 
     monkeypatch.setattr(local, "detect_gpus", lambda: ["0"])
     monkeypatch.setattr("ait.compute.gpu_memory.gpu_total_gib", lambda index: 139.8)

@@ -249,7 +249,7 @@ def test_outer_loop_on_ray_holds_the_agents_gpu_and_spreads_episode_jobs(ray, tm
     from ait.compute.executors import InlineExecutor
     from ait.compute.ray_executor import RayExecutor
     from ait.outer.config import OuterConfig
-    from ait.outer.loop import job_executor
+    from ait.outer.executors import job_executor
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     config = OuterConfig(jobs_per_gpu=2, trainer={"device": "cuda"}, episode={"executor": "ray", "job_wait_s": 60})

@@ -113,7 +113,7 @@ class QueueExecutor:
 def make_executor(config: EpisodeConfig) -> Executor:
     """A new executor of the kind `config.executor` names, for one owner to share among its episodes:
     local, a pool of one slot per visible GPU (or one CPU slot); ray, a Ray task per job (the outer
-    loop builds its own, on a pool of job slots: ait.outer.loop.job_executor)."""
+    loop builds its own, on a pool of job slots: ait.outer.executors.job_executor)."""
     if config.executor == "queue":
         return QueueExecutor(config.queue_path, config.job_wait_s)
     if config.executor == "local":

@@ -28,35 +28,33 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 import random
 import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ait.compute.executors import Executor, make_executor
+from ait.compute.executors import Executor
 from ait.harness.types import EpisodeConfig
 from ait.outer import checkpoint as ckpt
 from ait.outer.backends import make_backend
 from ait.outer.config import OuterConfig
-from ait.outer.heldout import evaluate_heldout, heldout_transfer, restore_start, results_path, start_for_bundle
+from ait.outer.executors import OuterRunError, job_executor
+from ait.outer.heldout import (
+    evaluate_heldout,
+    heldout_transfer,
+    restore_start,
+    results_path,
+    start_for_bundle,
+)
 from ait.outer.metrics import Episode, MetricsLog, step_metrics
 from ait.outer.prefetch import baseline_prefetch, prefetch_every_task
 from ait.outer.rollouts import GroupSampler
 from ait.outer.tasks import training_tasks
 from ait.outer.types import TrainerBackend
 from ait.runs import new_run_id, runs_root, versions
-
-if TYPE_CHECKING:
-    from ait.compute.local import LocalExecutor
-    from ait.spec import TaskSpec
-
-
-class OuterRunError(ValueError):
-    """A run that cannot start: no tasks, nothing to resume, a config that does not fit the run."""
 
 
 @dataclass
@@ -321,63 +319,6 @@ def episode_config(config: OuterConfig, run_dir: Path, carried_usd: float = 0.0)
         # (a 64 GB disk); the loop reads only each job's scores.
         update["keep_checkpoints"] = False
     return config.episode.model_copy(update=update)
-
-
-def job_executor(config: OuterConfig, say: Callable[[str], None] = lambda _m: None) -> tuple[Executor, OuterConfig]:
-    """The executor every episode of the run shares (the run closes it), and the config with the agent's
-    device set where Ray holds a GPU share for it."""
-    if config.episode.executor == "ray":
-        return ray_executor(config, say)
-    if config.episode.executor == "local" and config.jobs_per_gpu != 1:
-        return packed_local_executor(config), config
-    return make_executor(config.episode), config
-
-
-def packed_local_executor(config: OuterConfig) -> LocalExecutor:
-    """With executor = local, one slot pool packs `jobs_per_gpu` inner jobs per GPU, holding agent_gpu_gib
-    back for the agent; a job whose base model's packing was measured on this GPU model shares its GPU
-    with at most that K jobs (ait.compute.packing.per_model: a 1.5B inner job beside one other, not seven)."""
-    from ait.compute import local
-    from ait.compute.gpu_memory import gpu_total_gib
-    from ait.compute.packing import gpu_name, load_runs, per_model
-
-    gpus = local.detect_gpus()
-    name, total = (gpu_name(gpus[0]), gpu_total_gib(gpus[0])) if gpus else (None, None)
-    models = per_model(name, total, load_runs()) if name and total else {}
-    return local.LocalExecutor(local.slot_envs(None, gpus, config.jobs_per_gpu),
-                               reserved_gib=config.agent_gpu_gib, model_packing=models)
-
-
-def ray_executor(config: OuterConfig, say: Callable[[str], None] = lambda _m: None) -> tuple[Executor, OuterConfig]:
-    """With executor = ray: one pool of Ray job slots for every episode, `jobs_per_gpu` on every GPU of
-    the cluster; when the agent trains on a GPU (local backend), a share of one GPU is held for it (one
-    job slot's, or what agent_gpu_gib needs) so no inner job lands there, and the agent is put on that
-    GPU. Returns the executor on that pool and the config with the agent's device set."""
-    from ait.compute.gpu_memory import gpu_total_gib
-    from ait.compute.local import detect_gpus, parse_gpus
-    from ait.compute.ray_executor import RayExecutor, agent_share, place_slots
-    from ait.outer.backends.local import default_device
-
-    device = config.trainer.device or (default_device() if config.trainer.backend == "local" else "cpu")
-    on_gpu = config.trainer.backend == "local" and device.startswith("cuda")
-    share = 0.0
-    if on_gpu:
-        gpus = detect_gpus()
-        share = agent_share(config.jobs_per_gpu, config.agent_gpu_gib, gpu_total_gib(gpus[0]) if gpus else None)
-    pool = place_slots(config.episode.ray_address, jobs_per_gpu=config.jobs_per_gpu, agent_gpus=share)
-    executor = RayExecutor(config.episode.ray_address, config.episode.job_wait_s, pool=pool)  # it owns the pool
-    say(f"inner jobs on Ray: {pool.describe()}")
-    if not (on_gpu and pool.agent_gpu):
-        return executor, config
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ray_gpu = pool.agent_gpu.split(",")[0]
-    index = parse_gpus(visible).index(ray_gpu) if visible is not None else int(ray_gpu)
-    if device not in ("cuda", f"cuda:{index}"):
-        executor.close()
-        raise OuterRunError(f"trainer.device = {device!r}, but Ray holds the agent's GPU share on cuda:{index}; "
-                            "leave trainer.device unset or set it to \"cuda\"")
-    trainer = config.trainer.model_copy(update={"device": f"cuda:{index}"})
-    return executor, config.model_copy(update={"trainer": trainer})
 
 
 def start_run(run_dir: Path, config: OuterConfig, resume: bool) -> ckpt.LoopState:
