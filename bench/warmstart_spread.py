@@ -78,7 +78,8 @@ def main() -> int:
 
     t0 = time.monotonic()
     warm = build_warm_start(config, [s for s, _ in tasks], steps=steps, learning_rate=w.learning_rate,
-                            batch_size=w.batch_size, base_models=w.base_models, variants_per_task=per_task)
+                            batch_size=w.batch_size, base_models=w.base_models, variants_per_task=per_task,
+                            per_model_variant=w.model_variant_transcripts)
     note = json.loads((warm / "warmstart.json").read_text())
     print(f"warm start {warm} ({time.monotonic() - t0:.0f} s): {len(note.get('variants', []))} transcripts, "
           f"{note['examples']} examples, loss {note['loss_first']} -> {note['loss_last']}")

@@ -237,6 +237,13 @@ def test_the_variant_plan_alternates_recoveries_and_keeps_the_legacy_plan_at_zer
     assert len(own_model) == 3  # model_smollm2, model_qwen15, lora_qwen15
     assert len(warm_start_plan(specs, None, 1)) == len(specs) + len(own_model)  # one knob each, plus the model variants
     assert {v for *_, v in warm_start_plan(specs, None, 1)} >= set(own_model)
+    # Three transcripts a model variant, on three distinct tasks; none at 0.
+    three = warm_start_plan(specs, ["smollm2-135m", "qwen2.5-coder-0.5b"], 2, seed=0, per_model_variant=3)
+    for name in own_model:
+        tasks = [i for i, _, _, v in three if v == name]
+        assert len(tasks) == len(set(tasks)) == 3, (name, tasks)
+    assert len(three) == 5 * 2 * 2 + 3 * len(own_model)
+    assert not {v for *_, v in warm_start_plan(specs, None, 1, per_model_variant=0)} & set(own_model)
 
 
 def test_a_recovery_transcript_writes_its_variant(tmp_path: Path) -> None:
@@ -252,8 +259,11 @@ def test_the_loop_passes_the_warmstart_table_to_the_warm_start(tmp_path: Path, m
 
     seen = {}
     monkeypatch.setattr(warmstart, "build_warm_start", lambda config, specs, **kw: seen.update(kw) or tmp_path)
-    config = OuterConfig(warmstart={"steps": 3, "base_models": ["smollm2-135m"], "variants_per_task": 2})
+    config = OuterConfig(warmstart={"steps": 3, "base_models": ["smollm2-135m"], "variants_per_task": 2,
+                                    "model_variant_transcripts": 3})
     warmed = loop.with_warm_start(config, [TASK])
     assert warmed.policy.init_checkpoint == str(tmp_path)
-    assert (seen["steps"], seen["base_models"], seen["variants_per_task"]) == (3, ["smollm2-135m"], 2)
+    assert (seen["steps"], seen["base_models"], seen["variants_per_task"], seen["per_model_variant"]) == (
+        3, ["smollm2-135m"], 2, 3)
+    assert OuterConfig().warmstart.model_variant_transcripts == 1
     assert OuterConfig().warmstart.variants_per_task is None  # default: as many as cover every variant

@@ -88,6 +88,10 @@ class WarmStartSection(Strict):
     """Transcripts per (task, base model), each writing another variant of the reference job
     (ait.policy.job_variants, rotated by seed: ait.outer.warmstart.warm_start_plan); None = the fewest
     that together cover every variant; 0 = the reference job alone, one transcript per pair."""
+    model_variant_transcripts: int = Field(default=1, ge=0, le=64)
+    """Transcripts for each variant that names its own base model (model_smollm2, model_qwen15, lora_qwen15),
+    on distinct tasks where they allow it. One puts such a choice in about one transcript of 25, so a group
+    of 8 episodes rarely holds it and RL cannot weigh it; 0 = none."""
 
 
 class OuterConfig(Strict):

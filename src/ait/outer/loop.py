@@ -355,7 +355,8 @@ def with_warm_start(config: OuterConfig, task_paths: list[Path]) -> OuterConfig:
     specs = [spec for spec, _ in training_tasks(task_paths)]
     w = config.warmstart
     path = build_warm_start(config, specs, steps=w.steps, learning_rate=w.learning_rate, batch_size=w.batch_size,
-                            base_models=w.base_models, variants_per_task=w.variants_per_task)
+                            base_models=w.base_models, variants_per_task=w.variants_per_task,
+                            per_model_variant=w.model_variant_transcripts)
     update = config.policy.model_copy(update={"init_checkpoint": str(path)})
     return config.model_copy(update={"policy": update})
 

@@ -163,13 +163,13 @@ def sft_examples(policy: Any, transcript: list[Message] | Transcript,
 
 
 def warm_start_plan(specs: list[TaskSpec], base_models: list[str] | None = None,
-                    variants_per_task: int | None = None,
-                    seed: int = 0) -> list[tuple[int, int, str | None, str | None]]:
+                    variants_per_task: int | None = None, seed: int = 0,
+                    per_model_variant: int = 1) -> list[tuple[int, int, str | None, str | None]]:
     """(task index, parity, base model, variant) of each warm-start transcript; parity 1: it recovers from
     a slip. Per (task, base model) pair `variants_per_task` transcripts (None: the fewest that together
     cover every variant), their variants the non-control variants that keep the pair's model, taken in
-    turn from an offset of `seed`; then one transcript per variant that names its own model, on the tasks
-    in turn. Model variants get transcripts of their own rather than slots of a pair, so every base model
+    turn from an offset of `seed`; then `per_model_variant` transcripts per variant that names its own
+    model, on the tasks that allow it in turn (distinct tasks while there are enough). Model variants get transcripts of their own rather than slots of a pair, so every base model
     listed keeps its pairs' transcripts. No control (null_*) variant is distilled: a warm-started agent
     should not learn to train nothing. variants_per_task = 0: one reference-job transcript a pair (ws-v4)."""
     models = base_models or [None]
@@ -190,20 +190,21 @@ def warm_start_plan(specs: list[TaskSpec], base_models: list[str] | None = None,
                 plan.append((i, (i + j + r) % 2, model, knobs[(seed + slot) % len(knobs)]))
     for k, v in enumerate(own_model):
         allowing = [i for i in range(len(specs)) if v.base_model in specs[i].constraints.allowed_base_models]
-        if allowing:
-            plan.append((allowing[(seed + k) % len(allowing)], len(plan) % 2, None, v.name))
+        for r in range(per_model_variant if allowing else 0):
+            plan.append((allowing[(seed + k + r) % len(allowing)], len(plan) % 2, None, v.name))
     return plan
 
 
 def build_warm_start(config: Any, specs: list[TaskSpec], *, steps: int = 60, learning_rate: float = 3e-3,
                      batch_size: int = 8, cache_dir: Path | None = None,
-                     base_models: list[str] | None = None, variants_per_task: int | None = None) -> Path:
+                     base_models: list[str] | None = None, variants_per_task: int | None = None,
+                     per_model_variant: int = 1) -> Path:
     """A warm-start checkpoint for `config`'s policy (local backend), SFT'd for `steps` steps on the
     reference transcripts of `specs` planned by warm_start_plan: per task and base model in
     `base_models` (so the agent starts out choosing among them and RL can shift the choice), jobs drawn
     from the reference job's variants (rotated by config.seed), every other one recovering from a slip.
     Returns its directory (usable as [policy] init_checkpoint)."""
-    plan = warm_start_plan(specs, base_models, variants_per_task, config.seed)
+    plan = warm_start_plan(specs, base_models, variants_per_task, config.seed, per_model_variant)
     with tempfile.TemporaryDirectory(prefix="ait-warmstart-") as tmp:
         transcripts = [recovery_transcript(specs[i], Path(tmp) / f"{n}", model, first_slip=i + n, variant=variant)
                        if parity else reference_transcript(specs[i], Path(tmp) / f"{n}", base_model=model,
