@@ -63,7 +63,7 @@ def bundle_step(pieces: list[Path]) -> int | None:
         return None
 
 
-def keep_pieces(files_at: Path, prefix: str, dest: Path, newer_only: bool) -> dict | None:
+def keep_pieces(files_at: Path, prefix: str, dest: Path, newer_only: bool, machine: str | None = None) -> dict | None:
     pieces = sorted(files_at.glob(f"{prefix}.tar.part-*"))
     if not pieces:
         return None
@@ -80,7 +80,8 @@ def keep_pieces(files_at: Path, prefix: str, dest: Path, newer_only: bool) -> di
     dest.mkdir(parents=True)
     for p in pieces:
         shutil.copyfile(p, dest / p.name)
-    info = {"step": step, "pieces": [{"name": p.name, "bytes": p.stat().st_size, "sha256": sha256(p)} for p in pieces]}
+    info = {"step": step, **({"machine": machine} if machine else {}),
+            "pieces": [{"name": p.name, "bytes": p.stat().st_size, "sha256": sha256(p)} for p in pieces]}
     record.write_text(json.dumps(info, indent=1) + "\n")
     return info
 
@@ -145,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{a.files_at} is not a folder: pass the files_at of a poll call")
     if "/" in a.machine or a.machine.startswith("."):
         ap.error(f"--machine {a.machine!r}: a plain label, no slashes")
-    bundle = keep_pieces(a.files_at, "bundle", a.arc / "bundle", newer_only=True)
-    step0 = keep_pieces(a.files_at, "step0", a.arc / "step0", newer_only=False)
+    bundle = keep_pieces(a.files_at, "bundle", a.arc / "bundle", newer_only=True, machine=a.machine)
+    step0 = keep_pieces(a.files_at, "step0", a.arc / "step0", newer_only=False, machine=a.machine)
     counts = keep_results(a.files_at / "results.tgz", a.out / a.machine) if (a.files_at / "results.tgz").is_file() else {}
     if bundle:
         a.out.mkdir(parents=True, exist_ok=True)

@@ -64,6 +64,7 @@ def test_it_keeps_the_pieces_aside_and_commits_only_summaries(tmp_path):
     assert collect.main([str(got), "--machine", "m1", "--arc", str(arc), "--out", str(out)]) == 0
     assert sorted(p.name for p in (arc / "bundle").glob("*.part-*")) == [p.name for p in made]
     assert json.loads((arc / "step0" / "bundle.json").read_text())["step"] == 0
+    assert json.loads((arc / "bundle" / "bundle.json").read_text())["machine"] == "m1"  # arc_keep's commits name it
     record = json.loads((out / "bundle.json").read_text())
     assert record["step"] == 1 and record["machine"] == "m1" and len(record["pieces"]) == len(made)
     assert record["pieces"][0]["sha256"] == collect.sha256(made[0])
