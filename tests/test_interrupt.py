@@ -37,7 +37,8 @@ class Episode:
                                       "--runs-dir", str(self.runs), *extra], cwd=tmp_path, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
-        threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True).start()
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True)
+        self.reader.start()
 
     def wait_for(self, test, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -55,7 +56,7 @@ class Episode:
     def interrupt(self) -> tuple[int, str, Path]:
         self.proc.send_signal(signal.SIGINT)
         code = self.proc.wait(timeout=60)
-        time.sleep(0.2)  # the reader thread takes the last lines
+        self.reader.join(timeout=10)  # every last line, a traceback's included, before anything is asserted
         (run_dir,) = [p for p in self.runs.iterdir() if p.is_dir()]
         return code, "\n".join(self.lines), run_dir
 
