@@ -325,7 +325,7 @@ run_stage() {
         > "$R/transfer.log" 2>&1; note "transfer rc=$?: $(tail -2 "$R/transfer.log" | head -1)"
       cp /root/transfer/transfer.json "$R/" 2>/dev/null ;;
     agent-eval) stage_agent_eval ;;
-    gpu-tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py > "$R/gpu-tests.log" 2>&1 ;;
+    gpu-tests) python3 -m pytest -o addopts="" -q -m gpu -p no:cacheprovider tests/test_gpu.py > "$R/gpu-tests.log" 2>&1 ;;
     importtime)
       python3 -X importtime -c "import torch, transformers; from transformers import AutoModelForCausalLM" 2> "$R/importtime.raw"
       sort -t'|' -k2 -n -r "$R/importtime.raw" | head -40 > "$R/importtime.log" ;;

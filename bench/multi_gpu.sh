@@ -16,7 +16,7 @@ stage() {
   echo "== $1 ($(date -u +%H:%M:%S), $N GPU(s), K=$K)"
   case "$1" in
     tests)  # the CPU suite of the Ray executor, first: a broken install shows here, in seconds
-      python -m pytest -q tests/test_ray_gpus.py tests/test_ray_executor.py tests/test_multi_gpu_bench.py ;;
+      python -m pytest -o addopts="" -q tests/test_ray_gpus.py tests/test_ray_executor.py tests/test_multi_gpu_bench.py ;;
     throughput1|throughput2|throughput4)  # jobs/hour of the standard job on G GPUs, 2 rounds of G x K jobs
       G=${1#throughput}
       if [ "$G" -le "$N" ]; then python bench/multi_gpu.py --gpus "$G" --jobs-per-gpu "$K" --only throughput --json "$OUT"; fi ;;
