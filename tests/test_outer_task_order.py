@@ -5,6 +5,7 @@ order a pure function of the slot so a resumed run continues it."""
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -142,8 +143,11 @@ def test_each_group_prefetches_its_tasks_baselines_off_the_sampling_threads(tmp_
     try:
         s.fill(groups_still_needed=2)
         taken, _ = s.take(2, version=0, groups_still_needed=2)
+        deadline = time.monotonic() + 30  # the prefetch thread is the groups' own: it may lag behind them
+        while len(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
     finally:
-        s.close()
+        s.close()  # cancels what has not started: so only after both ran
     assert sorted(task for task, _ in seen) == sorted(g.group.task_id for g in taken)
     assert all(name.startswith("ait-prefetch") for _, name in seen)
     # The run's prefetch measures on the hidden set its jobs are scored on: the episodes' eval size.
