@@ -194,19 +194,24 @@ def test_estimates_grow_with_the_job(tmp_path):
     assert estimate_job_gib(bigger, str(tiny_model_path())) > small > 0
 
 
+def model_shaped(path, hidden: int, layers: int, heads: int, kv_heads: int, vocab: int, params: int):
+    """A model directory the estimate reads: its config and a sparse bf16 weights file of `params`."""
+    import json
+
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({
+        "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "vocab_size": vocab, "torch_dtype": "bfloat16"}))
+    with open(path / "model.safetensors", "wb") as f:  # sparse: only its size is read
+        f.truncate(params * 2)
+    return path
+
+
 def test_the_estimate_covers_what_the_h200_measured_for_the_standard_job(tmp_path):
     """SmolLM2-135M's shape, the standard job (64 rollouts, 128 tokens, full fine-tuning): on an H200
     each training process held ~17 GiB and its waiting eval 0.8 GiB, and eight such jobs ran out of
     139.8 GiB. The estimate must cover one job and must not admit eight at once."""
-    import json
-
-    model = tmp_path / "smollm2"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({
-        "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-        "vocab_size": 49152, "torch_dtype": "bfloat16"}))
-    with open(model / "model.safetensors", "wb") as f:  # sparse: only its size is read
-        f.truncate(int(134.5e6 * 2))
+    model = model_shaped(tmp_path / "smollm2", 576, 30, 9, 3, 49152, int(134.5e6))
     job = reference_job(tmp_path)
     job.config.train.prompts_per_step, job.config.train.num_generations = 8, 8
     job.config.train.max_completion_length = 128
@@ -224,19 +229,12 @@ def test_the_lora_1_5b_variant_fits_an_80_gb_card_beside_the_agent_where_the_ful
     """The arc on an H100 holds 36 GiB for its 1.5B agent (bench/gpu.sh): the full 1.5B job is refused there,
     so string_pipeline, dispatch and ledger, whose best untrained score is the 1.5B's, had no job that could
     beat it. Their lora_qwen15 job is admitted, beside a SmolLM2 job, at the arc's packed logit budget."""
-    import json
     import tomllib
 
     from ait.job.types import Job, JobConfig
     from ait.policy.job_variants import variant_job
 
-    model = tmp_path / "qwen15"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({
-        "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
-        "vocab_size": 151936, "torch_dtype": "bfloat16"}))
-    with open(model / "model.safetensors", "wb") as f:  # sparse: only its size is read
-        f.truncate(1_543_714_304 * 2)
+    model = model_shaped(tmp_path / "qwen15", 1536, 28, 12, 2, 151936, 1_543_714_304)
 
     def estimate(variant: str) -> float:
         cfg = JobConfig.model_validate(tomllib.loads(variant_job("string_pipeline", variant)["job.toml"]))
