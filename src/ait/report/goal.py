@@ -36,11 +36,15 @@ def _moments(rows: list[dict[str, Any]], keys: tuple[str, str, str]) -> dict[str
             n, mu, sd = (f.get(k) for k in keys)
             if not n or mu is None or sd is None:
                 continue
-            m = out.setdefault(family, [0.0, 0.0, 0.0])
-            m[0] += n
-            m[1] += n * mu
-            m[2] += n * (sd * sd + mu * mu)
+            _add(out.setdefault(family, [0.0, 0.0, 0.0]), n, mu, sd)
     return out
+
+
+def _add(m: list[float], n: float, mu: float, sd: float) -> None:
+    """Adds n values of mean mu and population std sd to [n, sum, sum of squares]."""
+    m[0] += n
+    m[1] += n * mu
+    m[2] += n * (sd * sd + mu * mu)
 
 
 def _mean_var(m: list[float]) -> tuple[float, float]:
@@ -78,7 +82,7 @@ def arc_goal(rows: list[dict[str, Any]], window: int = WINDOW) -> dict[str, Any]
         return None
     k = len(families)
     diff = sum(f["diff"] for f in families.values()) / k
-    se2 = math.sqrt(sum((f["se2"] / 2) ** 2 for f in families.values())) / k * 2
+    se2 = math.sqrt(sum(f["se2"] ** 2 for f in families.values())) / k  # 2 SE of the mean of k independent differences
 
     def pooled(moments: dict[str, list[float]]) -> tuple[float, float, float]:
         total = [sum(m[i] for m in moments.values()) for i in range(3)]
@@ -106,9 +110,7 @@ def _step_change(early: list[dict[str, Any]], late: list[dict[str, Any]], key: s
             sd = r.get(std_key) if std_key else (math.sqrt(max(mu * (1 - mu), 0.0)) if mu is not None else None)
             if not n or mu is None or sd is None:
                 return None
-            m[0] += n
-            m[1] += n * mu
-            m[2] += n * (sd * sd + mu * mu)
+            _add(m, n, mu, sd)
         return m
     a, b = moments(early), moments(late)
     if a is None or b is None:
