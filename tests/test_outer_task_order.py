@@ -195,3 +195,31 @@ def test_every_tasks_baselines_are_prefetched_in_group_order_while_the_run_start
     with pytest.raises(RuntimeError, match="stop here"):
         loop.open_run(cfg, tmp_path / "run", resume=False, say=lambda m: None)
     assert order == [("prefetch", 0), ("warm start",)]
+
+
+def test_the_prefetch_thread_starts_with_transformers_names_already_resolved() -> None:
+    """Both the prefetch thread and the warm start resolve transformers' lazy names; two threads resolving
+    them at once can meet a half-initialised module (an H100 arc's first run died of it). In a fresh
+    interpreter, the names are resolved before the thread's first measurement, not by it."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys, threading
+from pathlib import Path
+from ait.outer import prefetch
+from ait.outer.config import OuterConfig
+tasks = {[str(p) for p in TASKS]!r}
+assert "transformers" not in sys.modules
+found = []
+def measure(spec):
+    t = sys.modules.get("transformers")
+    found.append([name for name in prefetch.SHARED_NAMES if t is None or name not in vars(t)])
+prefetch.baseline_prefetch = lambda episode: measure
+config = OuterConfig(tasks=tasks, prefetch_baselines=True)
+prefetch.prefetch_every_task(config, [Path(p) for p in tasks], first_slot=0, say=lambda m: None).join(timeout=120)
+assert found and found[0] == [], found
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -25,6 +25,25 @@ def baseline_prefetch(episode: EpisodeConfig) -> Callable[[TaskSpec], Any]:
     return lambda spec: best_pre(spec, episode.eval_size or spec.hidden_eval_size, store)
 
 
+# The names both this thread and the run's own (the warm start, the sampler) resolve first.
+SHARED_NAMES = ("AutoConfig", "AutoModelForCausalLM", "AutoTokenizer", "GenerationConfig", "PreTrainedTokenizerFast",
+                "Qwen2ForCausalLM", "Qwen3Config", "Qwen3ForCausalLM")
+
+
+def resolve_shared_imports() -> None:
+    """Import, in the caller's thread, what the prefetch thread and the run's start-up both import.
+    transformers resolves its names lazily, at first use; two threads resolving them at once can each meet
+    the other's module half-initialised ("cannot import name 'PreTrainedTokenizerFast' from 'transformers'"
+    ended an H100 arc's first run on 2026-12-07, as the warm start built the tiny model beside this thread's
+    first baseline eval). Resolved once here, before the thread starts, neither imports them again."""
+    import peft  # noqa: F401 - the warm start's adapter: peft imports transformers' modules of its own
+    import torch  # noqa: F401
+    import transformers
+
+    for name in SHARED_NAMES:
+        getattr(transformers, name)
+
+
 def prefetch_every_task(config: OuterConfig, task_paths: list[Path], first_slot: int,
                         say: Callable[[str], None]) -> threading.Thread:
     """Every training task's missing baselines measured on a thread of its own, in the order the groups
@@ -43,6 +62,7 @@ def prefetch_every_task(config: OuterConfig, task_paths: list[Path], first_slot:
     else:
         specs = [spec for spec, _ in training_tasks(task_paths)]
     prefetch = baseline_prefetch(config.episode)
+    resolve_shared_imports()
 
     def measure_all() -> None:
         t0 = time.monotonic()
