@@ -37,8 +37,11 @@ class Episode:
                                       "--runs-dir", str(self.runs), *extra], cwd=tmp_path, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
+        self.out: list[str] = []  # stdout too: an episode that ended without a job prints its summary there
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True)
         self.reader.start()
+        self.out_reader = threading.Thread(target=lambda: self.out.extend(self.proc.stdout), daemon=True)
+        self.out_reader.start()
 
     def wait_for(self, test, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -57,7 +60,13 @@ class Episode:
         self.proc.send_signal(signal.SIGINT)
         code = self.proc.wait(timeout=60)
         self.reader.join(timeout=10)  # every last line, a traceback's included, before anything is asserted
+        self.out_reader.join(timeout=10)
         (run_dir,) = [p for p in self.runs.iterdir() if p.is_dir()]
+        if code != 130:  # what the run recorded, so a rare failure explains itself (the stderr alone did not)
+            trajectory = run_dir / "trajectory.jsonl"
+            tail = trajectory.read_text()[-4000:] if trajectory.exists() else "(no trajectory)"
+            return code, "".join(self.lines) + "\n--- stdout:\n" + "".join(self.out)[-3000:] + \
+                f"\n--- reader alive: {self.reader.is_alive()}\n--- trajectory tail:\n{tail}", run_dir
         return code, "\n".join(self.lines), run_dir
 
 
