@@ -100,9 +100,11 @@ def test_the_outer_loop_pool_reserves_the_agents_share(monkeypatch):
     monkeypatch.setattr(local, "detect_gpus", lambda: ["0"])
     monkeypatch.setattr("ait.compute.gpu_memory.gpu_total_gib", lambda index: 100.0)
     config = OuterConfig(jobs_per_gpu=4, agent_gpu_gib=30.0, episode={"executor": "local"})
-    pool, same = job_executor(config)
-    assert same == config and isinstance(pool, local.LocalExecutor)
+    pool, out = job_executor(config)
+    assert isinstance(pool, local.LocalExecutor)
     assert pool.ledger.capacity["0"] == pytest.approx(100.0 * 0.9 - 30.0)
+    # the episodes are told what that leaves a job (tests/test_job_memory_limit.py), and nothing else changes
+    assert out.episode.job_gpu_memory_gib == 60.0 and out.model_copy(update={"episode": config.episode}) == config
 
 
 def test_the_outer_loop_pool_admits_inner_jobs_by_their_models_measured_k(monkeypatch):

@@ -25,7 +25,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from ait.job.types import Job
+from ait.job.types import Job, JobConfig
 from ait.train.request import LOGIT_BUDGET
 
 GIB = 2**30
@@ -49,8 +49,13 @@ def model_shape(model_dir: str) -> dict:
 
 def estimate_job_gib(job: Job, model_dir: str, logit_budget: int = LOGIT_BUDGET) -> float:
     """Peak GPU memory of one job (training process and the eval waiting beside it), pessimistic."""
+    return estimate_config_gib(job.config, model_dir, logit_budget)
+
+
+def estimate_config_gib(config: JobConfig, model_dir: str, logit_budget: int = LOGIT_BUDGET) -> float:
+    """The same estimate from the job's config alone (the probe's check, before any Job exists)."""
     s = model_shape(model_dir)
-    t = job.config.train
+    t = config.train
     weights = s["params"] * (2 + 2 + (t.lora.r / 64 if t.lora else 0)) if t.lora else s["params"] * (16 + 2)
     rollouts = t.prompts_per_step * t.num_generations
     tokens = PROMPT_TOKENS + t.max_completion_length

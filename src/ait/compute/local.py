@@ -198,6 +198,13 @@ class LocalExecutor:
         self._started: set[str] = set()  # job ids that got a slot and their GPU's admission
         self._cancelled: set[str] = set()  # job ids given up on before they started: never start them
 
+    def job_memory_limit_gib(self) -> float | None:
+        """With memory held back for a process beside the pool (the outer loop's agent), the most GPU
+        memory one job may need and still run here: what its smallest GPU leaves (after the headroom).
+        None when nothing is held back or no GPU's capacity is known: then no job is refused for its size."""
+        known = [c for c in self.ledger.capacity.values() if c is not None]
+        return min(known) if self.ledger.reserved_gib and known else None
+
     def run(self, job: Job, on_event: Callable[[str], None] | None = None) -> JobResult:
         env = self._free.get()  # blocks while every slot is busy
         try:

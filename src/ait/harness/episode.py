@@ -68,10 +68,13 @@ def invalid_job_text(report: ProbeReport, attempt: int, left: int) -> str:
     return f"invalid job (attempt {attempt}, {left} left):\n{report.summary()}"
 
 
-def opening_messages(spec: TaskSpec) -> list[Message]:
-    """The system prompt and the task: how every episode's conversation starts."""
+def opening_messages(spec: TaskSpec, job_gpu_memory_gib: float | None = None) -> list[Message]:
+    """The system prompt and the task: how every episode's conversation starts. A machine's limit on a
+    job's GPU memory is said here, since the probe holds the job to it."""
+    memory = "" if job_gpu_memory_gib is None else \
+        f"\nOn this machine a job may use at most {job_gpu_memory_gib:.1f} GiB of GPU memory (its estimated peak)."
     return [Message(role="system", content=SYSTEM),
-            Message(role="user", content=f"Task: {spec.description}\nRead INSTRUCTIONS.md and task.json.")]
+            Message(role="user", content=f"Task: {spec.description}\nRead INSTRUCTIONS.md and task.json.{memory}")]
 
 
 class At(Enum):
@@ -137,7 +140,7 @@ class Episode:
 
     def run_loop(self) -> Stop:
         """The turns: the policy replies, its tool calls are answered, until decide ends the episode."""
-        messages = opening_messages(self.spec)
+        messages = opening_messages(self.spec, self.config.job_gpu_memory_gib)
         for m in messages:
             self.run.log("message", **m.model_dump())
         self.policy.reset(self.spec)
@@ -287,7 +290,8 @@ class Episode:
         self.on_event(f"probing submission {attempt}")
         left = self.seconds_left()
         probe_timeout = self.config.probe_timeout_s if left is None else max(1.0, min(self.config.probe_timeout_s, left))
-        report = probe_workspace(snapshot, self.spec, timeout_s=probe_timeout)
+        report = probe_workspace(snapshot, self.spec, timeout_s=probe_timeout,
+                                 gpu_memory_gib=self.config.job_gpu_memory_gib)
         self.run.write_json(f"submissions/{attempt}/probe.json", report)
         self.submissions.append(Submission(attempt=attempt, parseable=job_toml_parses(snapshot), report=report))
         self.run.log("probe", attempt=attempt, valid=report.valid, errors=[e.model_dump() for e in report.errors],

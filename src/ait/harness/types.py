@@ -103,6 +103,11 @@ class EpisodeConfig(Strict):
     (and an outer step waits for its slowest episode). 0 = never."""
     probe_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     """Wall-clock limit of one probe."""
+    job_gpu_memory_gib: float | None = Field(default=None, gt=0, le=100_000)
+    """The most GPU memory a job may need on this run's machine (the outer loop sets it where its agent
+    shares the GPU with the jobs). The agent is told it; the probe rejects a job whose estimated peak is
+    above it (an invalid submission, with what to change), rather than the job being refused as infra.
+    None: no limit is stated."""
     executor: Literal["inline", "queue", "local", "ray"] = "inline"
     """inline: run here; queue: enqueue for `ait worker`; local: a local slot pool; ray: Ray tasks."""
     ray_address: str | None = None

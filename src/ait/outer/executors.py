@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -24,7 +25,13 @@ def job_executor(config: OuterConfig, say: Callable[[str], None] = lambda _m: No
     if config.episode.executor == "ray":
         return ray_executor(config, say)
     if config.episode.executor == "local" and config.jobs_per_gpu != 1:
-        return packed_local_executor(config), config
+        executor = packed_local_executor(config)
+        limit = executor.job_memory_limit_gib()  # the agent holds part of the GPU: jobs are held to the rest
+        if limit is not None and config.episode.job_gpu_memory_gib is None:
+            limit = math.floor(limit * 10) / 10  # rounded down: a job the probe passes is never refused for its size
+            say(f"a job may use at most {limit:.1f} GiB of GPU memory beside the agent (the probe holds it to that)")
+            config = config.model_copy(update={"episode": config.episode.model_copy(update={"job_gpu_memory_gib": limit})})
+        return executor, config
     return make_executor(config.episode), config
 
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from ait.job.config import JobConfigError, load_job_config
+from ait.job.types import JobConfig
 from ait.probe.checks import verdict
 from ait.probe.types import Observations, ProbeCheck, ProbeError, ProbeReport, ProbeRequest, RewardChoice
 from ait.safe_io import read_regular_file
@@ -78,7 +79,9 @@ def static_errors(workspace: str | Path, spec: TaskSpec) -> list[ProbeError]:
 
 
 def probe_workspace(workspace: str | Path, spec: TaskSpec, timeout_s: float = DEFAULT_TIMEOUT_S,
-                    dry_run: bool = True) -> ProbeReport:
+                    dry_run: bool = True, gpu_memory_gib: float | None = None) -> ProbeReport:
+    """Check a submission: job.toml, its base model, and (with `gpu_memory_gib`, the most a job may need
+    here) its estimated peak GPU memory, statically; then env.py run in the sandbox."""
     workspace = Path(workspace).resolve()
     start = time.monotonic()
     errors: list[ProbeError] = []
@@ -92,6 +95,8 @@ def probe_workspace(workspace: str | Path, spec: TaskSpec, timeout_s: float = DE
         errors.append(ProbeError(check=ProbeCheck.config, message=(
             f"base model {config.job.base_model!r} is not available on this install ({why}); pick another of "
             "the task's allowed_base_models (get_baseline_scores lists which are available)")))
+    if config is not None and gpu_memory_gib is not None and not errors and (why := over_memory(config, gpu_memory_gib)):
+        errors.append(ProbeError(check=ProbeCheck.config, message=why))
     # With a broken job.toml, still exercise env.py so the agent sees every problem at once.
     size = config.train.dataset_size if config else max(spec.constraints.min_dataset_rows, 64)
     seed = config.train.seed if config else 0
@@ -108,6 +113,26 @@ def probe_workspace(workspace: str | Path, spec: TaskSpec, timeout_s: float = DE
                        config=config if not errors else None,
                        dataset_rows=obs.dataset_count if obs else None,
                        rewards=reward_choices(obs) if obs and not errors else [])
+
+
+def over_memory(config: JobConfig, limit_gib: float) -> str:
+    """Why the job cannot run within `limit_gib` of GPU memory, or ''. The estimate is the one the
+    executor admits jobs by (ait.compute.gpu_memory), at the logit budget of jobs that share a GPU (a
+    limit is stated only where they do), so a job that passes here is not refused there."""
+    from ait.compute.gpu_memory import estimate_config_gib
+    from ait.compute.local import PACKED_LOGIT_BUDGET
+    from ait.train.models import resolve_base_model
+
+    try:
+        need = estimate_config_gib(config, resolve_base_model(config.job.base_model).path, PACKED_LOGIT_BUDGET)
+    except Exception:  # noqa: BLE001 - the model did not resolve after all: the job meets the real reason
+        return ""
+    if need <= limit_gib:
+        return ""
+    lora = "" if config.train.lora else "train a LoRA adapter instead of every weight ([train.lora]), "
+    return (f"this job's estimated peak GPU memory is {need:.1f} GiB, more than the {limit_gib:.1f} GiB a job may use "
+            f"on this machine (its GPU is shared with other work); {lora}pick a smaller base model, or lower "
+            "prompts_per_step x num_generations or max_completion_length")
 
 
 def reward_choices(obs: Observations) -> list[RewardChoice]:
