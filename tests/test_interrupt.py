@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ class Episode:
 
     def __init__(self, tmp_path: Path, *extra: str):
         self.runs = tmp_path / "runs"
+        tmp_path.mkdir(parents=True, exist_ok=True)
         # SIGINT's Python handler installed explicitly: a test run started in the background by a shell
         # without job control inherits SIGINT ignored, and a Python started so never sees Ctrl-C.
         # --task calc_chain: the tiny model's job, whether or not SmolLM2 (the default episode's) is installed
@@ -104,12 +106,31 @@ def assert_recorded(code: int, stderr: str, run_dir: Path, job_ran: bool) -> dic
 
 
 def test_ctrl_c_during_the_probe(tmp_path):
-    ep = Episode(tmp_path)
-    ep.wait_for(lambda: ep.saw("probing submission 1"))
-    time.sleep(0.5)
-    code, stderr, run_dir = ep.interrupt()
-    episode = assert_recorded(code, stderr, run_dir, job_ran=False)
-    assert episode["jobs"] == []
+    for attempt in range(3):
+        ep = Episode(tmp_path / f"try{attempt}")
+        ep.wait_for(lambda: ep.saw("probing submission 1"))
+        time.sleep(0.5)
+        code, stderr, run_dir = ep.interrupt()
+        if code != 130 and (why := ended_before_the_signal(run_dir)):
+            # Not the case under test: the episode was over before Ctrl-C came (CI saw exit 1 and nothing on
+            # stderr twice in ~30 runs). Said as a warning, so the CI log shows how it ended, and tried again.
+            warnings.warn(f"the episode ended before Ctrl-C ({why}); trying again")
+            continue
+        episode = assert_recorded(code, stderr, run_dir, job_ran=False)
+        assert episode["jobs"] == []
+        return
+    pytest.fail("three episodes in a row ended before Ctrl-C came (see the warnings)")
+
+
+def ended_before_the_signal(run_dir: Path) -> str:
+    """How the episode ended on its own, if it did: its stop reason and its probe's errors; '' if it did not."""
+    path = run_dir / "episode.json"
+    episode = json.loads(path.read_text()) if path.exists() else {}
+    if episode.get("stop_reason") in (None, "interrupted"):
+        return ""
+    probes = [json.loads(p.read_text()) for p in sorted(run_dir.glob("submissions/*/probe.json"))]
+    errors = [e.get("message", "")[:300] for p in probes for e in p.get("errors", [])]
+    return f"stop reason {episode['stop_reason']}, probe errors {errors}"
 
 
 @pytest.mark.slow  # 11 s on 2 shared cores; Ctrl-C in the probe and in the queue stay in the default suite
