@@ -325,7 +325,10 @@ run_stage() {
         > "$R/transfer.log" 2>&1; note "transfer rc=$?: $(tail -2 "$R/transfer.log" | head -1)"
       cp /root/transfer/transfer.json "$R/" 2>/dev/null ;;
     agent-eval) stage_agent_eval ;;
-    gpu-tests) python3 -m pytest -o addopts="" -q -m gpu -p no:cacheprovider tests/test_gpu.py > "$R/gpu-tests.log" 2>&1 ;;
+    # A test still running after 180 s writes every thread's traceback to the log (on 2026-12-07 one ran six
+    # minutes on an H100 beside the staging calls, its third, and was stopped by hand); the stage ends by 600 s.
+    gpu-tests) timeout 600 python3 -m pytest -o addopts="" -o faulthandler_timeout=180 -q -m gpu -p no:cacheprovider \
+                 tests/test_gpu.py > "$R/gpu-tests.log" 2>&1 ;;
     importtime)
       python3 -X importtime -c "import torch, transformers; from transformers import AutoModelForCausalLM" 2> "$R/importtime.raw"
       sort -t'|' -k2 -n -r "$R/importtime.raw" | head -40 > "$R/importtime.log" ;;
