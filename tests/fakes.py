@@ -68,7 +68,7 @@ def fake_executor(*makers: Callable[[Job], JobResult]) -> Canned:
     return Canned(*makers)
 
 
-_PROBES: dict[tuple[str, str], Any] = {}
+_PROBES: dict[tuple[str, str, float | None], Any] = {}
 
 
 def memo_probe(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -76,10 +76,10 @@ def memo_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     same reference job many times and are about what happens after the verdict, not the verdict."""
     real = episode_mod.probe_workspace
 
-    def probe(workspace: Path, spec: TaskSpec, timeout_s: float):
-        key = ((workspace / "job.toml").read_text(), (workspace / "env.py").read_text())
+    def probe(workspace: Path, spec: TaskSpec, timeout_s: float, gpu_memory_gib: float | None = None):
+        key = ((workspace / "job.toml").read_text(), (workspace / "env.py").read_text(), gpu_memory_gib)
         if key not in _PROBES:
-            _PROBES[key] = real(workspace, spec, timeout_s=timeout_s)
+            _PROBES[key] = real(workspace, spec, timeout_s=timeout_s, gpu_memory_gib=gpu_memory_gib)
         return _PROBES[key]
 
     monkeypatch.setattr(episode_mod, "probe_workspace", probe)

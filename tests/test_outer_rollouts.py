@@ -129,7 +129,7 @@ def test_a_slow_policy_is_cut_at_the_limit_and_scored(tmp_path) -> None:
     assert ep.trajectory.reward == ep.result.reward.total == -0.1  # as it stood: nothing submitted
 
 
-def valid_probe(workspace: Path, spec, timeout_s: float) -> ProbeReport:
+def valid_probe(workspace: Path, spec, timeout_s: float, gpu_memory_gib: float | None = None) -> ProbeReport:
     data = tomllib.loads((workspace / "job.toml").read_text())
     return ProbeReport(valid=True, config=JobConfig.model_validate(data, context={"constraints": spec.constraints}))
 
