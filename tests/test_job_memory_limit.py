@@ -79,3 +79,27 @@ def test_the_probe_rejects_a_job_over_the_limit_and_passes_it_under(tmp_path: Pa
     (error,) = [e for e in over.errors if "GPU memory" in e.message]
     assert error.check is ProbeCheck.config and "more than the 0.1 GiB" in error.message
     assert probe_workspace(workspace, spec, gpu_memory_gib=1000.0).valid
+
+
+def test_an_episode_tells_the_agent_and_its_probe_holds_the_job_to_the_limit(tmp_path: Path) -> None:
+    """Through run_episode: the opening message carries the limit, a job above it is an invalid
+    submission (never given to the executor), and the same episode without a limit runs its job."""
+    from fakes import fake_executor, ok_result
+
+    from ait.evals.baselines import BaselineStore
+    from ait.harness.episode import run_episode
+    from ait.policy.reference import ReferencePolicy
+
+    def episode(limit: float | None, name: str):
+        executor = fake_executor(ok_result())
+        policy = ReferencePolicy()
+        result = run_episode(load_spec(TASK), TASK, policy, EpisodeConfig(job_gpu_memory_gib=limit),
+                             runs_dir=tmp_path / name, baselines=BaselineStore(tmp_path / f"{name}.json"), executor=executor)
+        return result, executor, (Path(result.run_dir) / "trajectory.jsonl").read_text()
+
+    held, executor, trajectory = episode(0.1, "held")
+    assert "at most 0.1 GiB of GPU memory" in trajectory
+    assert held.submissions and not held.submissions[0].report.valid and executor.ran == []
+    assert any("more than the 0.1 GiB" in e.message for e in held.submissions[0].report.errors)
+    free, executor, trajectory = episode(None, "free")
+    assert "GiB of GPU memory" not in trajectory and len(executor.ran) == 1 and free.job is not None
