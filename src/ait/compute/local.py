@@ -21,7 +21,7 @@ from ait.compute import processes
 from ait.compute.packing import Packing, packed_slowdown
 from ait.compute.run_job import run_job, usable_cores
 from ait.job.types import FailReason, Job, JobResult
-from ait.train.request import LOGIT_BUDGET, LOGIT_BUDGET_ENV
+from ait.train.request import LOGIT_BUDGET, LOGIT_BUDGET_ENV, PACKED_LOGIT_BUDGET
 
 JobFn = Callable[[Job, dict[str, str]], JobResult]
 """A job function: run the job with this extra environment, return its result."""
@@ -75,7 +75,6 @@ def slot_envs(slots: int | None, gpus: list[str], jobs_per_gpu: int = 1,
     return [{"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)], **cpu_share(n), **gpu_env} for i in range(n)]
 
 
-PACKED_LOGIT_BUDGET = LOGIT_BUDGET // 2
 MPS_THREAD_PERCENTAGE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 JOBS_MPS_ENV = "AIT_JOBS_MPS_PIPE_DIRECTORY"
 """The pipe directory of the MPS daemon that jobs' processes join, when the process that launches them

@@ -28,9 +28,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from ait.compute.local import PACKED_LOGIT_BUDGET, JobFn, run_job_in_slot
+from ait.compute.local import JobFn, run_job_in_slot
 from ait.job.types import FailReason, Job, JobResult
-from ait.train.request import LOGIT_BUDGET_ENV
+from ait.train.request import LOGIT_BUDGET_ENV, PACKED_LOGIT_BUDGET
 
 _init_lock = threading.Lock()
 

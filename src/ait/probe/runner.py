@@ -120,8 +120,8 @@ def over_memory(config: JobConfig, limit_gib: float) -> str:
     executor admits jobs by (ait.compute.gpu_memory), at the logit budget of jobs that share a GPU (a
     limit is stated only where they do), so a job that passes here is not refused there."""
     from ait.compute.gpu_memory import estimate_config_gib
-    from ait.compute.local import PACKED_LOGIT_BUDGET
     from ait.train.models import resolve_base_model
+    from ait.train.request import PACKED_LOGIT_BUDGET
 
     try:
         need = estimate_config_gib(config, resolve_base_model(config.job.base_model).path, PACKED_LOGIT_BUDGET)

@@ -36,6 +36,7 @@ def require_given_gpu() -> None:
                          "(the driver's libraries or device nodes are missing inside the sandbox?)")
 LOGIT_BUDGET = 2**29  # fast trainer's scoring micro-batch: padded tokens x vocab stays under this (~5 GB of logits)
 LOGIT_BUDGET_ENV = "AIT_LOGIT_BUDGET"  # a smaller budget the executor sets for jobs that share a GPU
+PACKED_LOGIT_BUDGET = LOGIT_BUDGET // 2  # that budget: the executors set it, the probe estimates memory at it
 
 
 class TrainRequest(BaseModel):
