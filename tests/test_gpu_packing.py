@@ -222,7 +222,7 @@ def test_the_estimate_covers_what_the_h200_measured_for_the_standard_job(tmp_pat
     assert gib >= 17.0 + 0.8
     ledger = GpuLedger({"0": 139.8})  # 90% headroom, as LocalExecutor uses it
     assert 8 * gib > ledger.capacity["0"] >= 7 * gib
-    # packed, jobs score in half-size micro-batches (ait.compute.local.PACKED_LOGIT_BUDGET): eight fit
+    # packed, jobs score in half-size micro-batches (ait.train.request.PACKED_LOGIT_BUDGET): eight fit
     packed = estimate_job_gib(job, str(model), logit_budget=2**28)
     assert packed < gib and 8 * packed <= ledger.capacity["0"]
 
